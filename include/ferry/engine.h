@@ -1,0 +1,146 @@
+// TransferEngine: RDMA-style point-to-point transfers with no ordering
+// guarantees; completion is tracked only through immediate counters.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ferry/status.h"
+#include "ferry/types.h"
+
+namespace ferry {
+
+enum class PollMode : uint8_t {
+  kAdaptive,  // spin, then back off and block on the CQ / command wakeup (default)
+  kBusy,      // spin forever: lowest latency, one core per worker
+};
+
+// One worker thread and its NICs, serving one GPU (or the host).
+struct GroupConfig {
+  Device device = Device::host();
+  // NIC names: libfabric domain names (efa: "rdmap16s27-rdm"; tcp: an
+  // interface name such as "lo" or "veth0"; shm: "shm"). Empty = first
+  // `nics` domains the provider reports.
+  std::vector<std::string> nic_names;
+  int worker_cpu = -1;  // -1 = do not pin
+};
+
+struct EngineConfig {
+  // libfabric provider: "efa", "tcp;ofi_rxm", "shm", ... Empty = the
+  // FERRY_PROVIDER environment variable, else "efa". Never silently replaced.
+  std::string provider;
+  std::vector<GroupConfig> groups = {GroupConfig{}};
+  size_t nics_per_group = 1;  // used when a group names no NICs
+  PollMode poll_mode = PollMode::kAdaptive;
+  int callback_cpu = -1;
+  // Default deadline for transfers and sends (0 = none); waits take their own.
+  std::chrono::milliseconds default_deadline{0};
+  // Buffers of the internal pool copying submit_send payloads.
+  size_t send_buffer_size = 64 << 10;
+  size_t send_buffer_count = 256;
+};
+
+// Counts arrivals of one immediate value. wait(n) consumes n arrivals; arrivals
+// beyond what was waited for carry over to the next wait.
+class ImmCounter {
+ public:
+  struct State;
+  ImmCounter() = default;
+  explicit ImmCounter(std::shared_ptr<State> s) : s_(std::move(s)) {}
+  bool valid() const { return s_ != nullptr; }
+  // Arrivals not yet consumed.
+  int64_t value() const;
+  // Consume n arrivals if they are there; never blocks.
+  bool try_consume(int64_t n);
+  // Wait until n arrivals can be consumed, then consume them. Returns
+  // kDeadlineExceeded (consuming nothing) when the deadline passes first.
+  Status wait(int64_t n, std::chrono::nanoseconds timeout);
+
+ private:
+  std::shared_ptr<State> s_;
+};
+
+// Number of immediates the receiver gets for a request, for both sides to use.
+struct ImmPlan {
+  // single write of `len` bytes routed `route` over a group of `nics` NICs
+  static uint64_t single_write(uint64_t len, const WriteRoute& route, size_t nics);
+  static uint64_t paged_writes(size_t pages) { return pages; }
+  // scatter: per target (index into dsts) and total
+  static uint64_t scatter_target(uint64_t len, const GroupRoute& route, size_t nics);
+  static uint64_t barrier_target() { return 1; }
+  static uint64_t imm() { return 1; }
+};
+
+class TransferEngine {
+ public:
+  explicit TransferEngine(EngineConfig config = {});
+  ~TransferEngine();
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  // --- identity -----------------------------------------------------------
+  NetAddr main_address() const;                   // NIC 0 of group 0
+  std::vector<NetAddr> addresses(size_t group = 0) const;  // every NIC of a group
+  size_t num_groups() const;
+  size_t nics_per_group() const;
+  std::string provider() const;
+  uint64_t incarnation() const;
+
+  // --- memory -------------------------------------------------------------
+  // Registers [ptr, ptr+len) on every NIC of the group serving `device`.
+  std::pair<MrHandle, MrDesc> reg_mr(void* ptr, size_t len, Device device = Device::host());
+  void unreg_mr(MrHandle handle);
+
+  // --- two-sided ----------------------------------------------------------
+  // Copies `msg` into an internal buffer: the caller may reuse it at once.
+  TransferId submit_send(const NetAddr& addr, std::span<const uint8_t> msg, OnDone on_done);
+  // Posts `count` receive buffers of `len` bytes each; every message is
+  // handed to on_recv without a copy, then the buffer is re-posted.
+  void submit_recvs(size_t len, size_t count, RecvCallback on_recv);
+
+  // --- one-sided ----------------------------------------------------------
+  TransferId submit_single_write(uint64_t len, std::optional<uint32_t> imm, MrHandle src,
+                                 uint64_t src_offset, const MrDesc& dst, uint64_t dst_offset,
+                                 OnDone on_done, WriteRoute route = {});
+  TransferId submit_paged_writes(uint64_t page_len, std::optional<uint32_t> imm, MrHandle src,
+                                 Pages src_pages, const MrDesc& dst, Pages dst_pages,
+                                 OnDone on_done);
+  // Zero-byte write carrying only an immediate.
+  TransferId submit_imm(uint32_t imm, const MrDesc& dst, OnDone on_done,
+                        WriteRoute route = WriteRoute::pinned(0));
+
+  // --- peer groups ----------------------------------------------------------
+  // peers[i] = every NIC address of peer i (as in its MrDesc). Idempotent.
+  PeerGroupHandle add_peer_group(const std::vector<std::vector<NetAddr>>& peers);
+  PeerGroupHandle add_peer_group(const std::vector<MrDesc>& peers);
+  TransferId submit_scatter(std::optional<PeerGroupHandle> group, OnDone on_done,
+                            std::optional<uint32_t> imm, MrHandle src,
+                            std::vector<ScatterDst> dsts, GroupRoute route = {});
+  TransferId submit_barrier(std::optional<PeerGroupHandle> group, OnDone on_done, uint32_t imm,
+                            std::vector<MrDesc> dsts, GroupRoute route = {});
+
+  // --- immediates -----------------------------------------------------------
+  // cb fires on the callback thread each time `count` arrivals accumulated.
+  void expect_imm_count(uint32_t imm, uint32_t count, ImmCountCallback cb);
+  ImmCounter imm_counter(uint32_t imm);
+  void remove_imm_count(uint32_t imm);
+  // Called for every immediate nobody counts.
+  void on_imm(ImmCallback cb);
+
+  // Stops the workers and the callback thread; outstanding transfers complete
+  // with kCancelled. Idempotent; also run by the destructor.
+  void stop();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry

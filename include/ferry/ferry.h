@@ -1,0 +1,5 @@
+#pragma once
+#include "ferry/engine.h"
+#include "ferry/status.h"
+#include "ferry/types.h"
+#include "ferry/version.h"

@@ -1,0 +1,51 @@
+#include "core/callback_thread.h"
+
+#include "core/imm_table.h"
+#include "core/log.h"
+
+namespace ferry::core {
+
+CallbackThread::CallbackThread(ImmTable* imms, int cpu) : imms_(imms), cpu_(cpu) {
+  thread_ = std::thread([this] { run(); });
+}
+
+CallbackThread::~CallbackThread() { stop(); }
+
+void CallbackThread::stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true, std::memory_order_release);
+  push(TaskEvent{});  // wake the thread
+  thread_.join();
+}
+
+void CallbackThread::run() {
+  pin_current_thread(cpu_, "callback thread");
+  CallbackEvent batch[32];
+  for (;;) {
+    size_t n = q_.wait_dequeue_bulk_timed(batch, 32, std::chrono::milliseconds(50));
+    for (size_t i = 0; i < n; ++i) dispatch(batch[i]);
+    if (n == 0 && stop_.load(std::memory_order_acquire) && q_.size_approx() == 0) return;
+  }
+}
+
+void CallbackThread::dispatch(CallbackEvent& ev) {
+  try {
+    if (auto* t = std::get_if<TransferDoneEvent>(&ev)) {
+      t->on_done.invoke(t->status);
+    } else if (auto* c = std::get_if<ImmCountEvent>(&ev)) {
+      if (c->entry->cb) c->entry->cb();
+    } else if (auto* p = std::get_if<PlainImmEvent>(&ev)) {
+      imms_->run_plain_callbacks(p->imm);
+    } else if (auto* k = std::get_if<TaskEvent>(&ev)) {
+      if (k->fn) k->fn();
+    }
+  } catch (const std::exception& e) {
+    failures_.fetch_add(1);
+    log().error("user callback threw: {} (the engine keeps running)", e.what());
+  } catch (...) {
+    failures_.fetch_add(1);
+    log().error("user callback threw a non-std exception (the engine keeps running)");
+  }
+}
+
+}  // namespace ferry::core

@@ -1,0 +1,60 @@
+// One thread per engine that runs user callbacks, so a slow or throwing
+// callback never stalls a NIC worker. Workers push events through a lock-free
+// queue; an exception escaping a user callback is logged and counted, never
+// propagated.
+#pragma once
+
+#include <atomic>
+#include <concurrentqueue/blockingconcurrentqueue.h>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <variant>
+
+#include "ferry/types.h"
+
+namespace ferry::core {
+
+struct ExpectedCount;
+class ImmTable;
+
+struct TransferDoneEvent {
+  OnDone on_done;
+  Status status;
+};
+struct ImmCountEvent {
+  std::shared_ptr<ExpectedCount> entry;
+};
+struct PlainImmEvent {
+  uint32_t imm;
+};
+// Runs an arbitrary function (receive delivery, re-posting hooks).
+struct TaskEvent {
+  std::function<void()> fn;
+};
+
+using CallbackEvent = std::variant<TransferDoneEvent, ImmCountEvent, PlainImmEvent, TaskEvent>;
+
+class CallbackThread {
+ public:
+  CallbackThread(ImmTable* imms, int cpu);
+  ~CallbackThread();
+  void push(CallbackEvent ev) { q_.enqueue(std::move(ev)); }
+  // Drains what is queued, then joins.
+  void stop();
+  uint64_t callback_failures() const { return failures_.load(); }
+
+ private:
+  void run();
+  void dispatch(CallbackEvent& ev);
+
+  ImmTable* imms_;
+  int cpu_;
+  moodycamel::BlockingConcurrentQueue<CallbackEvent> q_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> failures_{0};
+  std::thread thread_;
+};
+
+}  // namespace ferry::core

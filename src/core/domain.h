@@ -1,0 +1,118 @@
+// The seam between the transport-agnostic core and one NIC (or one NVLink
+// endpoint). Everything above it (sharding, counters, callbacks, deadlines)
+// is shared; a new NIC family implements this interface in its own folder.
+//
+// Threading: a Domain is owned by exactly one worker thread and every method
+// is called from that thread only (libfabric FI_THREAD_DOMAIN, verbs TD).
+// Nothing here blocks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ferry/status.h"
+#include "ferry/types.h"
+
+namespace ferry::core {
+
+// Domain-local handle of a resolved peer (libfabric fi_addr_t, verbs peer index).
+using PeerId = uint64_t;
+
+struct DomainInfo {
+  std::string name;       // NIC / libfabric domain name
+  std::string provider;   // "efa", "tcp;ofi_rxm", "shm", "verbs", ...
+  std::string fabric;     // libfabric fabric name
+  uint64_t link_speed_bps = 0;
+  uint64_t max_msg_size = 0;  // largest single write / send the NIC takes
+  Transport transport = Transport::kFabric;
+};
+
+// A registration on one NIC. Destroying it deregisters.
+class DomainMr {
+ public:
+  virtual ~DomainMr() = default;
+  void* local_desc = nullptr;  // passed back in WriteDesc/post_send (fi_mr_desc, lkey)
+  uint64_t rkey = 0;           // remote key peers use
+  uint64_t remote_base = 0;    // address peers write byte 0 at (ptr or 0 in offset mode)
+};
+
+// One RDMA write, all fields resolved. `ctx` comes back in the completion.
+struct WriteDesc {
+  const void* src = nullptr;
+  uint64_t len = 0;  // 0 = immediate-only write (still carries a valid rkey)
+  void* local_desc = nullptr;
+  PeerId peer = 0;
+  uint64_t remote_addr = 0;
+  uint64_t rkey = 0;
+  uint32_t imm = 0;
+  bool has_imm = false;
+  uint64_t ctx = 0;
+};
+
+struct Completion {
+  enum class Kind : uint8_t {
+    kWrite,      // a write we posted finished locally (ctx valid)
+    kSend,       // a send we posted finished (ctx valid)
+    kRecv,       // a receive buffer was filled (ctx = its post ctx, len valid)
+    kRemoteImm,  // a peer's write-with-immediate landed here (imm valid; data visible)
+  };
+  Kind kind = Kind::kWrite;
+  uint64_t ctx = 0;
+  uint64_t len = 0;
+  uint32_t imm = 0;
+  Status status;  // non-OK: the operation of ctx failed (message names NIC and call)
+};
+
+// Result of a post: how many of the requests were accepted. `error` is set
+// when posting stopped because of a failure rather than back-pressure
+// (would-block is flow control, not failure: the caller retries later).
+struct PostResult {
+  size_t posted = 0;
+  Status error;
+};
+
+class Domain {
+ public:
+  virtual ~Domain() = default;
+
+  virtual const DomainInfo& info() const = 0;
+  // Raw endpoint address (fi_getname bytes, verbs UD address); the core wraps
+  // it in a NetAddr with the engine's incarnation.
+  virtual std::span<const uint8_t> raw_address() const = 0;
+
+  virtual std::unique_ptr<DomainMr> register_mr(void* ptr, size_t len, Device device,
+                                                bool remote, Status* error) = 0;
+
+  // Resolve a peer's raw address (idempotent: the same bytes give the same id).
+  virtual PeerId add_peer(std::span<const uint8_t> raw, Status* error) = 0;
+  virtual void remove_peer(PeerId peer) = 0;
+
+  // Post writes in order until one would block or fails.
+  virtual PostResult post_writes(std::span<const WriteDesc> writes) = 0;
+  virtual PostResult post_send(PeerId peer, const void* buf, size_t len, void* local_desc,
+                               uint64_t ctx) = 0;
+  virtual PostResult post_recv(void* buf, size_t len, void* local_desc, uint64_t ctx) = 0;
+
+  // Drain up to out.size() completions; returns how many were written.
+  virtual size_t poll(std::span<Completion> out) = 0;
+
+  // For adaptive polling: a file descriptor that becomes readable when the
+  // domain has completions, or -1 if the domain cannot be waited on.
+  virtual int wait_fd() { return -1; }
+  // True when it is safe to block on wait_fd() now (libfabric fi_trywait).
+  virtual bool can_block() { return false; }
+};
+
+// Options the engine hands to a domain factory.
+struct DomainOptions {
+  std::string provider;
+  std::string nic_name;  // empty = first available
+  size_t nic_index = 0;  // which of the provider's domains when nic_name is empty
+  Device device;         // the group's device (for HMEM capability checks)
+};
+
+}  // namespace ferry::core

@@ -1,0 +1,505 @@
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "core/callback_thread.h"
+#include "core/imm_table.h"
+#include "core/log.h"
+#include "core/worker.h"
+#include "ferry/engine.h"
+
+namespace ferry {
+
+using core::Clock;
+using core::Command;
+using core::RegRef;
+
+namespace {
+
+constexpr auto kControlTimeout = std::chrono::seconds(30);
+constexpr size_t kMaxRecvPools = 64;
+
+uint64_t random_incarnation() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (uint64_t(rd()) << 32) ^ rd();
+  return v;
+}
+
+// a + b <= limit without overflow.
+bool fits(uint64_t offset, uint64_t len, uint64_t limit) {
+  return offset <= limit && len <= limit - offset;
+}
+
+}  // namespace
+
+struct TransferEngine::Impl {
+  core::EngineShared shared;
+  std::unique_ptr<core::ImmTable> imms;
+  std::unique_ptr<core::CallbackThread> callbacks;
+  std::vector<std::unique_ptr<core::Worker>> workers;
+
+  std::shared_mutex reg_mu;
+  std::unordered_map<uint64_t, RegRef> regs;
+  std::atomic<uint64_t> next_reg_id{1};
+  std::atomic<TransferId> next_transfer{1};
+
+  core::BufferPool send_pool;
+  moodycamel::ConcurrentQueue<uint32_t> send_free;
+  std::mutex recv_mu;
+  std::vector<std::unique_ptr<core::RecvPool>> recv_pools;
+  size_t num_recv_pools = 0;
+
+  std::atomic<bool> stopped{false};
+  std::mutex stop_mu;
+
+  void check_running() const {
+    if (stopped.load(std::memory_order_acquire))
+      throw Error(Code::kFailedPrecondition, "the transfer engine is stopped");
+  }
+
+  core::Worker& worker_for(Device d) {
+    if (d.is_host()) return *workers[0];
+    for (auto& w : workers)
+      if (w->index() < shared.config.groups.size() && shared.config.groups[w->index()].device == d)
+        return *w;
+    throw Error(Code::kNotFound, fmt::format("no group serves device {}", d.to_string()));
+  }
+
+  RegRef lookup(MrHandle h, const char* what) {
+    std::shared_lock lk(reg_mu);
+    auto it = regs.find(h.id);
+    if (it == regs.end() || it->second->ptr != h.ptr)
+      throw Error(Code::kNotFound,
+                  fmt::format("{}: memory region {} (id {}) is not registered (never registered, "
+                              "or unregistered)",
+                              what, h.ptr, h.id));
+    return it->second;
+  }
+
+  void check_desc(const MrDesc& d, size_t nics, const char* what) {
+    if (d.nics.size() != nics)
+      throw Error(Code::kFailedPrecondition,
+                  fmt::format("{}: descriptor has {} NICs but this group has {} (all peers must "
+                              "use the same number of NICs per GPU)",
+                              what, d.nics.size(), nics));
+    for (const auto& n : d.nics) {
+      if (n.addr.empty())
+        throw Error(Code::kInvalidArgument, fmt::format("{}: descriptor with an empty address", what));
+    }
+  }
+
+  Clock::time_point deadline() const {
+    auto d = shared.config.default_deadline;
+    return d.count() > 0 ? Clock::now() + d : Clock::time_point{};
+  }
+
+  TransferId submit(core::Worker& w, OnDone on_done, core::Request req) {
+    Command cmd;
+    cmd.id = next_transfer.fetch_add(1, std::memory_order_relaxed);
+    cmd.on_done = std::move(on_done);
+    cmd.deadline = deadline();
+    cmd.req = std::move(req);
+    TransferId id = cmd.id;
+    w.submit(std::move(cmd));
+    return id;
+  }
+
+  void call(core::Worker& w, std::function<void()> fn) {
+    Status st = w.call(std::move(fn), kControlTimeout);
+    if (!st.is_ok()) throw Error(st);
+  }
+};
+
+TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Impl>()) {
+  auto& im = *impl_;
+  if (config.provider.empty()) {
+    const char* env = std::getenv("FERRY_PROVIDER");
+    config.provider = env && *env ? env : "efa";
+  }
+  if (config.groups.empty()) throw Error(Code::kInvalidArgument, "EngineConfig: no groups");
+  for (size_t i = 0; i < config.groups.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (config.groups[i].device == config.groups[j].device)
+        throw Error(Code::kInvalidArgument, fmt::format("EngineConfig: groups {} and {} both serve {}",
+                                                        j, i, config.groups[i].device.to_string()));
+  if (config.send_buffer_count == 0 || config.send_buffer_size == 0)
+    throw Error(Code::kInvalidArgument, "EngineConfig: empty send buffer pool");
+
+  im.shared.config = config;
+  im.shared.incarnation = random_incarnation();
+  im.imms = std::make_unique<core::ImmTable>(nullptr);
+  im.callbacks = std::make_unique<core::CallbackThread>(im.imms.get(), config.callback_cpu);
+  im.imms->set_callbacks(im.callbacks.get());
+  im.recv_pools.resize(kMaxRecvPools);
+  im.shared.imms = im.imms.get();
+  im.shared.callbacks = im.callbacks.get();
+  im.shared.send_free = &im.send_free;
+  im.shared.send_pool = &im.send_pool;
+  im.shared.recv_pools = &im.recv_pools;
+
+  for (size_t g = 0; g < config.groups.size(); ++g) {
+    auto w = std::make_unique<core::Worker>(&im.shared, g, config.groups[g]);
+    Status st = w->start();
+    if (!st.is_ok()) {
+      stop();
+      throw Error(st);
+    }
+    im.workers.push_back(std::move(w));
+  }
+  for (size_t g = 1; g < im.workers.size(); ++g) {
+    if (im.workers[g]->nics() != im.workers[0]->nics()) {
+      stop();
+      throw Error(Code::kInvalidArgument, "every group must have the same number of NICs");
+    }
+  }
+
+  // Send buffers: registered once on NIC 0 of the main group.
+  auto& sp = im.send_pool;
+  sp.buf_len = config.send_buffer_size;
+  sp.count = config.send_buffer_count;
+  sp.mem.reset(new (std::align_val_t(64)) uint8_t[sp.buf_len * sp.count]);
+  auto reg = std::make_shared<core::Registration>();
+  reg->ptr = sp.mem.get();
+  reg->len = sp.buf_len * sp.count;
+  Status err;
+  im.call(*im.workers[0], [&] { im.workers[0]->register_wt(*reg, false, &err); });
+  if (!err.is_ok()) {
+    stop();
+    throw Error(err);
+  }
+  sp.reg = reg;
+  for (uint32_t i = 0; i < sp.count; ++i) im.send_free.enqueue(i);
+}
+
+TransferEngine::~TransferEngine() {
+  try {
+    stop();
+  } catch (const std::exception& e) {
+    core::log().error("stop() failed in destructor: {}", e.what());
+  }
+}
+
+void TransferEngine::stop() {
+  auto& im = *impl_;
+  std::lock_guard lk(im.stop_mu);
+  if (im.stopped.exchange(true)) return;
+  for (auto& w : im.workers) w->stop();
+  if (im.callbacks) im.callbacks->stop();
+  // Workers are joined: registrations can be closed from here, before the
+  // domains they belong to (owned by the workers).
+  {
+    std::unique_lock rl(im.reg_mu);
+    im.regs.clear();
+  }
+  im.send_pool.reg.reset();
+  for (auto& p : im.recv_pools)
+    if (p) p->reg.reset();
+  im.workers.clear();
+}
+
+NetAddr TransferEngine::main_address() const { return impl_->workers.at(0)->addresses().at(0); }
+
+std::vector<NetAddr> TransferEngine::addresses(size_t group) const {
+  if (group >= impl_->workers.size())
+    throw Error(Code::kOutOfRange, fmt::format("group {} of {}", group, impl_->workers.size()));
+  return impl_->workers[group]->addresses();
+}
+
+size_t TransferEngine::num_groups() const { return impl_->workers.size(); }
+size_t TransferEngine::nics_per_group() const { return impl_->workers.at(0)->nics(); }
+std::string TransferEngine::provider() const { return impl_->shared.config.provider; }
+uint64_t TransferEngine::incarnation() const { return impl_->shared.incarnation; }
+
+// ------------------------------------------------------------------ memory
+
+std::pair<MrHandle, MrDesc> TransferEngine::reg_mr(void* ptr, size_t len, Device device) {
+  auto& im = *impl_;
+  im.check_running();
+  if (ptr == nullptr) throw Error(Code::kInvalidArgument, "reg_mr: null pointer");
+  if (len == 0) throw Error(Code::kInvalidArgument, "reg_mr: zero length");
+  if (reinterpret_cast<uintptr_t>(ptr) + len < reinterpret_cast<uintptr_t>(ptr))
+    throw Error(Code::kInvalidArgument, "reg_mr: pointer + length overflows");
+  auto& w = im.worker_for(device);
+  auto reg = std::make_shared<core::Registration>();
+  reg->id = im.next_reg_id.fetch_add(1);
+  reg->ptr = static_cast<uint8_t*>(ptr);
+  reg->len = len;
+  reg->device = device;
+  reg->group = w.index();
+  auto err = std::make_shared<Status>();
+  im.call(w, [&w, reg, err] { w.register_wt(*reg, true, err.get()); });
+  if (!err->is_ok()) throw Error(*err);
+
+  MrDesc desc;
+  desc.ptr = reinterpret_cast<uint64_t>(ptr);
+  desc.len = len;
+  desc.device = device;
+  for (size_t k = 0; k < w.nics(); ++k)
+    desc.nics.push_back({w.addresses()[k], reg->mrs[k]->rkey, reg->mrs[k]->remote_base});
+  {
+    std::unique_lock lk(im.reg_mu);
+    im.regs.emplace(reg->id, reg);
+  }
+  return {MrHandle{ptr, reg->id}, std::move(desc)};
+}
+
+void TransferEngine::unreg_mr(MrHandle handle) {
+  auto& im = *impl_;
+  im.check_running();
+  RegRef reg;
+  {
+    std::unique_lock lk(im.reg_mu);
+    auto it = im.regs.find(handle.id);
+    if (it == im.regs.end() || it->second->ptr != handle.ptr)
+      throw Error(Code::kNotFound, fmt::format("unreg_mr: memory region {} (id {}) is not registered",
+                                               handle.ptr, handle.id));
+    reg = std::move(it->second);
+    im.regs.erase(it);
+  }
+  auto& w = *im.workers.at(reg->group);
+  im.call(w, [&w, reg]() mutable { w.retire_wt(std::move(reg)); });
+}
+
+// -------------------------------------------------------------- two-sided
+
+TransferId TransferEngine::submit_send(const NetAddr& addr, std::span<const uint8_t> msg,
+                                       OnDone on_done) {
+  auto& im = *impl_;
+  im.check_running();
+  if (addr.empty()) throw Error(Code::kInvalidArgument, "submit_send: empty address");
+  if (msg.size() > im.send_pool.buf_len)
+    throw Error(Code::kInvalidArgument,
+                fmt::format("submit_send: {} bytes exceed the send buffer size {} "
+                            "(EngineConfig::send_buffer_size)",
+                            msg.size(), im.send_pool.buf_len));
+  uint32_t buf;
+  auto give_up = Clock::now() + std::chrono::seconds(5);
+  while (!im.send_free.try_dequeue(buf)) {
+    if (Clock::now() > give_up)
+      throw Error(Code::kResourceExhausted,
+                  fmt::format("submit_send: all {} send buffers in flight for 5 s",
+                              im.send_pool.count));
+    std::this_thread::yield();
+  }
+  if (!msg.empty()) std::memcpy(im.send_pool.buffer(buf), msg.data(), msg.size());
+  return im.submit(*im.workers[0], std::move(on_done), core::SendReq{addr, buf, msg.size()});
+}
+
+void TransferEngine::submit_recvs(size_t len, size_t count, RecvCallback on_recv) {
+  auto& im = *impl_;
+  im.check_running();
+  if (len == 0 || count == 0)
+    throw Error(Code::kInvalidArgument, "submit_recvs: len and count must be positive");
+  if (count > (1u << 24) || len > (1ull << 32))
+    throw Error(Code::kInvalidArgument, "submit_recvs: too many or too large buffers");
+  if (!on_recv) throw Error(Code::kInvalidArgument, "submit_recvs: empty callback");
+  std::lock_guard lk(im.recv_mu);
+  if (im.num_recv_pools >= kMaxRecvPools)
+    throw Error(Code::kResourceExhausted, "submit_recvs: too many receive pools");
+  auto pool = std::make_unique<core::RecvPool>();
+  pool->buf_len = len;
+  pool->count = count;
+  pool->mem.reset(new (std::align_val_t(64)) uint8_t[len * count]);
+  pool->on_recv = std::move(on_recv);
+  auto reg = std::make_shared<core::Registration>();
+  reg->ptr = pool->mem.get();
+  reg->len = len * count;
+  auto err = std::make_shared<Status>();
+  auto& w = *im.workers[0];
+  im.call(w, [&w, reg, err] { w.register_wt(*reg, false, err.get()); });
+  if (!err->is_ok()) throw Error(*err);
+  pool->reg = reg;
+  uint32_t index = im.num_recv_pools++;
+  im.recv_pools[index] = std::move(pool);
+  for (uint32_t i = 0; i < count; ++i) {
+    Command c;
+    c.req = core::RecvPostReq{index, i};
+    w.submit(std::move(c));
+  }
+}
+
+// -------------------------------------------------------------- one-sided
+
+TransferId TransferEngine::submit_single_write(uint64_t len, std::optional<uint32_t> imm,
+                                               MrHandle src, uint64_t src_offset,
+                                               const MrDesc& dst, uint64_t dst_offset,
+                                               OnDone on_done, WriteRoute route) {
+  auto& im = *impl_;
+  im.check_running();
+  RegRef reg = im.lookup(src, "submit_single_write");
+  auto& w = *im.workers[reg->group];
+  im.check_desc(dst, w.nics(), "submit_single_write");
+  if (!fits(src_offset, len, reg->len))
+    throw Error(Code::kOutOfRange,
+                fmt::format("submit_single_write: source [{}, +{}) is outside the region of {} bytes",
+                            src_offset, len, reg->len));
+  if (!fits(dst_offset, len, dst.len))
+    throw Error(Code::kOutOfRange,
+                fmt::format("submit_single_write: destination [{}, +{}) is outside the remote "
+                            "region of {} bytes",
+                            dst_offset, len, dst.len));
+  if (route.kind == WriteRoute::Kind::kPinned && route.nic >= w.nics())
+    throw Error(Code::kInvalidArgument, fmt::format("submit_single_write: pinned NIC {} of {}",
+                                                    route.nic, w.nics()));
+  if (route.max_shards > w.nics())
+    throw Error(Code::kInvalidArgument,
+                fmt::format("submit_single_write: {} shards over {} NICs", route.max_shards, w.nics()));
+  return im.submit(w, std::move(on_done),
+                   core::SingleReq{std::move(reg), src_offset, len, dst, dst_offset, imm, route});
+}
+
+TransferId TransferEngine::submit_paged_writes(uint64_t page_len, std::optional<uint32_t> imm,
+                                               MrHandle src, Pages src_pages, const MrDesc& dst,
+                                               Pages dst_pages, OnDone on_done) {
+  auto& im = *impl_;
+  im.check_running();
+  RegRef reg = im.lookup(src, "submit_paged_writes");
+  auto& w = *im.workers[reg->group];
+  im.check_desc(dst, w.nics(), "submit_paged_writes");
+  if (src_pages.indices.size() != dst_pages.indices.size())
+    throw Error(Code::kInvalidArgument,
+                fmt::format("submit_paged_writes: {} source pages but {} destination pages",
+                            src_pages.indices.size(), dst_pages.indices.size()));
+  if (src_pages.indices.size() > UINT32_MAX)
+    throw Error(Code::kInvalidArgument, "submit_paged_writes: more than 2^32 pages");
+  // One pass for the largest index bounds every page.
+  auto check = [&](const Pages& p, uint64_t limit, const char* side) {
+    if (p.indices.empty()) return;
+    uint32_t max = *std::max_element(p.indices.begin(), p.indices.end());
+    uint64_t end = 0;
+    bool overflow = __builtin_mul_overflow(uint64_t(max), p.stride, &end) ||
+                    __builtin_add_overflow(end, p.offset, &end) ||
+                    __builtin_add_overflow(end, page_len, &end);
+    if (overflow || end > limit)
+      throw Error(Code::kOutOfRange,
+                  fmt::format("submit_paged_writes: {} page {} (stride {}, offset {}, length {}) "
+                              "ends past the region of {} bytes",
+                              side, max, p.stride, p.offset, page_len, limit));
+  };
+  check(src_pages, reg->len, "source");
+  check(dst_pages, dst.len, "destination");
+  return im.submit(w, std::move(on_done),
+                   core::PagedReq{std::move(reg), page_len, std::move(src_pages),
+                                  std::move(dst_pages), dst, imm});
+}
+
+TransferId TransferEngine::submit_imm(uint32_t imm, const MrDesc& dst, OnDone on_done,
+                                      WriteRoute route) {
+  auto& im = *impl_;
+  im.check_running();
+  auto& w = *im.workers[0];
+  im.check_desc(dst, w.nics(), "submit_imm");
+  if (route.kind == WriteRoute::Kind::kPinned && route.nic >= w.nics())
+    throw Error(Code::kInvalidArgument,
+                fmt::format("submit_imm: pinned NIC {} of {}", route.nic, w.nics()));
+  // An immediate is one zero-byte write: never split.
+  if (route.kind == WriteRoute::Kind::kSplit) route = WriteRoute::pinned(0);
+  return im.submit(w, std::move(on_done), core::SingleReq{im.send_pool.reg, 0, 0, dst, 0, imm, route});
+}
+
+// ------------------------------------------------------------ peer groups
+
+PeerGroupHandle TransferEngine::add_peer_group(const std::vector<std::vector<NetAddr>>& peers) {
+  auto& im = *impl_;
+  im.check_running();
+  if (peers.empty()) throw Error(Code::kInvalidArgument, "add_peer_group: no peers");
+  size_t nics = im.workers[0]->nics();
+  for (size_t i = 0; i < peers.size(); ++i)
+    if (peers[i].size() != nics)
+      throw Error(Code::kFailedPrecondition,
+                  fmt::format("add_peer_group: peer {} has {} addresses, this group has {} NICs", i,
+                              peers[i].size(), nics));
+  std::optional<PeerGroupHandle> handle;
+  for (auto& wp : im.workers) {
+    auto& w = *wp;
+    auto err = std::make_shared<Status>();
+    auto h = std::make_shared<PeerGroupHandle>(0);
+    im.call(w, [&w, peers, err, h] { *h = w.add_peer_group_wt(peers, err.get()); });
+    if (!err->is_ok()) throw Error(*err);
+    if (handle && *handle != *h)
+      throw Error(Code::kInternal, "add_peer_group: workers disagree on the handle");
+    handle = *h;
+  }
+  return *handle;
+}
+
+PeerGroupHandle TransferEngine::add_peer_group(const std::vector<MrDesc>& peers) {
+  std::vector<std::vector<NetAddr>> addrs;
+  addrs.reserve(peers.size());
+  for (const auto& d : peers) {
+    std::vector<NetAddr> a;
+    for (const auto& n : d.nics) a.push_back(n.addr);
+    addrs.push_back(std::move(a));
+  }
+  return add_peer_group(addrs);
+}
+
+TransferId TransferEngine::submit_scatter(std::optional<PeerGroupHandle> group, OnDone on_done,
+                                          std::optional<uint32_t> imm, MrHandle src,
+                                          std::vector<ScatterDst> dsts, GroupRoute route) {
+  auto& im = *impl_;
+  im.check_running();
+  RegRef reg = im.lookup(src, "submit_scatter");
+  auto& w = *im.workers[reg->group];
+  if (route.kind == GroupRoute::Kind::kPinned && route.nic >= w.nics())
+    throw Error(Code::kInvalidArgument,
+                fmt::format("submit_scatter: pinned NIC {} of {}", route.nic, w.nics()));
+  if (dsts.size() > UINT32_MAX) throw Error(Code::kInvalidArgument, "submit_scatter: too many targets");
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const auto& t = dsts[i];
+    im.check_desc(t.dst, w.nics(), "submit_scatter");
+    if (!fits(t.src_offset, t.len, reg->len))
+      throw Error(Code::kOutOfRange,
+                  fmt::format("submit_scatter: target {} source [{}, +{}) outside the region of {} "
+                              "bytes",
+                              i, t.src_offset, t.len, reg->len));
+    if (!fits(t.dst_offset, t.len, t.dst.len))
+      throw Error(Code::kOutOfRange,
+                  fmt::format("submit_scatter: target {} destination [{}, +{}) outside the remote "
+                              "region of {} bytes",
+                              i, t.dst_offset, t.len, t.dst.len));
+  }
+  return im.submit(w, std::move(on_done),
+                   core::ScatterReq{std::move(reg), std::move(dsts), group, imm, route});
+}
+
+TransferId TransferEngine::submit_barrier(std::optional<PeerGroupHandle> group, OnDone on_done,
+                                          uint32_t imm, std::vector<MrDesc> dsts,
+                                          GroupRoute route) {
+  auto& im = *impl_;
+  im.check_running();
+  auto& w = *im.workers[0];
+  if (route.kind == GroupRoute::Kind::kPinned && route.nic >= w.nics())
+    throw Error(Code::kInvalidArgument,
+                fmt::format("submit_barrier: pinned NIC {} of {}", route.nic, w.nics()));
+  for (const auto& d : dsts) im.check_desc(d, w.nics(), "submit_barrier");
+  return im.submit(w, std::move(on_done), core::BarrierReq{std::move(dsts), group, imm, route});
+}
+
+// -------------------------------------------------------------- immediates
+
+void TransferEngine::expect_imm_count(uint32_t imm, uint32_t count, ImmCountCallback cb) {
+  if (count == 0) throw Error(Code::kInvalidArgument, "expect_imm_count: count must be positive");
+  if (!cb) throw Error(Code::kInvalidArgument, "expect_imm_count: empty callback");
+  impl_->imms->expect(imm, count, std::move(cb));
+}
+
+ImmCounter TransferEngine::imm_counter(uint32_t imm) { return impl_->imms->counter(imm); }
+
+void TransferEngine::remove_imm_count(uint32_t imm) {
+  if (!impl_->imms->remove(imm))
+    throw Error(Code::kNotFound, fmt::format("remove_imm_count: immediate {} is not counted", imm));
+}
+
+void TransferEngine::on_imm(ImmCallback cb) {
+  if (!cb) throw Error(Code::kInvalidArgument, "on_imm: empty callback");
+  impl_->imms->add_plain_callback(std::move(cb));
+}
+
+}  // namespace ferry

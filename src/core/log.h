@@ -1,0 +1,9 @@
+#pragma once
+#include <spdlog/spdlog.h>
+
+namespace ferry::core {
+// The library's logger ("ferry"); level from FERRY_LOG (trace..off), default info.
+spdlog::logger& log();
+// Pin the calling thread to one CPU; returns false (and logs) on failure.
+bool pin_current_thread(int cpu, const char* who);
+}  // namespace ferry::core

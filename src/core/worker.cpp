@@ -1,0 +1,723 @@
+#include "core/worker.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/callback_thread.h"
+#include "core/domain_factory.h"
+#include "core/imm_table.h"
+#include "core/log.h"
+
+namespace ferry::core {
+
+namespace {
+
+// Completion contexts: tag | generation | slot index. The generation makes a
+// late completion of a recycled slot harmless.
+enum : uint64_t { kTagWrite = 1, kTagSend = 2, kTagRecv = 3 };
+uint64_t make_ctx(uint64_t tag, uint32_t gen, uint32_t idx) {
+  return tag << 56 | uint64_t(gen & 0xFFFFFF) << 32 | idx;
+}
+uint64_t ctx_tag(uint64_t ctx) { return ctx >> 56; }
+uint32_t ctx_gen(uint64_t ctx) { return uint32_t(ctx >> 32) & 0xFFFFFF; }
+uint32_t ctx_idx(uint64_t ctx) { return uint32_t(ctx); }
+
+constexpr size_t kCommandsPerStep = 32;
+constexpr size_t kPostsPerStep = 64;       // per NIC per loop iteration
+constexpr size_t kMaxOutstanding = 1024;   // posted, not yet completed, per NIC
+constexpr size_t kPollBatch = 32;
+constexpr auto kSpinBeforeBlock = std::chrono::microseconds(200);
+
+}  // namespace
+
+Worker::Worker(EngineShared* shared, size_t index, GroupConfig group)
+    : shared_(shared), index_(index), group_(std::move(group)) {
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+}
+
+Worker::~Worker() {
+  stop();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+Status Worker::start() {
+  std::promise<Status> init;
+  auto fut = init.get_future();
+  thread_ = std::thread([this, &init] { run(&init); });
+  Status st = fut.get();
+  if (!st.is_ok()) {
+    thread_.join();
+  }
+  return st;
+}
+
+void Worker::stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true, std::memory_order_release);
+  uint64_t one = 1;
+  [[maybe_unused]] auto r = ::write(wake_fd_, &one, sizeof(one));
+  thread_.join();
+}
+
+void Worker::submit(Command&& cmd) {
+  queue_.enqueue(std::move(cmd));
+  if (sleeping_.load(std::memory_order_seq_cst)) {
+    uint64_t one = 1;
+    [[maybe_unused]] auto r = ::write(wake_fd_, &one, sizeof(one));
+  }
+}
+
+Status Worker::call(std::function<void()> fn, std::chrono::milliseconds timeout) {
+  if (stop_.load()) return Status(Code::kFailedPrecondition, "engine is stopped");
+  // The promise is shared so a caller that gave up leaves nothing dangling.
+  auto done = std::make_shared<std::promise<void>>();
+  auto fut = done->get_future();
+  Command cmd;
+  cmd.req = ControlReq{[fn = std::move(fn), done] {
+    fn();
+    done->set_value();
+  }};
+  submit(std::move(cmd));
+  if (fut.wait_for(timeout) != std::future_status::ready)
+    return Status(Code::kDeadlineExceeded,
+                  fmt::format("worker {} did not answer a control call within {} ms", index_,
+                              timeout.count()));
+  return {};
+}
+
+// ------------------------------------------------------------------ thread
+
+void Worker::run(std::promise<Status>* init) {
+  pin_current_thread(group_.worker_cpu, "worker");
+  // Everything the datapath touches is allocated after pinning, so it lands
+  // on the NUMA node of the worker's CPU (first touch).
+  slots_.resize(4096);
+  free_slots_.reserve(slots_.size());
+  for (uint32_t i = slots_.size(); i-- > 0;) free_slots_.push_back(i);
+  Status st = open_nics();
+  init->set_value(st);
+  if (!st.is_ok()) return;
+
+  auto last_busy = Clock::now();
+  while (!stop_.load(std::memory_order_acquire)) {
+    bool busy = drain_commands();
+    busy |= progress_posts();
+    busy |= poll_completions();
+    auto now = Clock::now();
+    if (now - last_deadline_scan_ > std::chrono::milliseconds(1)) {
+      last_deadline_scan_ = now;
+      check_deadlines();
+    }
+    if (busy) {
+      last_busy = now;
+    } else if (shared_->config.poll_mode == PollMode::kAdaptive &&
+               now - last_busy > kSpinBeforeBlock) {
+      idle_wait();
+    }
+  }
+
+  // Shutdown: everything still queued or in flight ends as cancelled.
+  Command cmd;
+  while (queue_.try_dequeue(cmd)) {
+    if (auto* c = std::get_if<ControlReq>(&cmd.req)) {
+      c->fn();
+      continue;
+    }
+    fail_command(cmd, Status(Code::kCancelled, "engine stopped"));
+  }
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    auto& s = slots_[i];
+    if (s.active && !s.finished) finish(s, Status(Code::kCancelled, "engine stopped"));
+  }
+  groups_.clear();
+  retired_.clear();
+  // Domains close on this thread, after their registrations (held by the
+  // engine table) are released by the engine on stop.
+}
+
+Status Worker::open_nics() {
+  const auto& cfg = shared_->config;
+  size_t count = group_.nic_names.empty() ? cfg.nics_per_group : group_.nic_names.size();
+  if (count != 1 && count != 2 && count != 4)
+    return Status(Code::kInvalidArgument,
+                  fmt::format("group {}: {} NICs per group (1, 2 or 4 supported)", index_, count));
+  for (size_t i = 0; i < count; ++i) {
+    DomainOptions opt;
+    opt.provider = cfg.provider;
+    opt.nic_name = group_.nic_names.empty() ? "" : group_.nic_names[i];
+    opt.nic_index = group_.nic_names.empty() ? i : 0;
+    opt.device = group_.device;
+    Status err;
+    auto d = open_domain(opt, &err);
+    if (!d) {
+      if (err.is_ok()) err = Status(Code::kUnavailable, "cannot open NIC");
+      return Status(err.code(), fmt::format("group {} NIC {} ('{}', provider '{}'): {}", index_, i,
+                                            opt.nic_name, opt.provider, err.message()));
+    }
+    infos_.push_back(d->info());
+    addrs_.emplace_back(d->info().transport, shared_->incarnation, d->raw_address());
+    Nic nic;
+    nic.domain = std::move(d);
+    nics_.push_back(std::move(nic));
+  }
+  std::string names;
+  for (auto& i : infos_) names += (names.empty() ? "" : ", ") + i.name;
+  log().info("worker {} ({}): provider {}, fabric {}, NICs [{}], poll mode {}", index_,
+             group_.device.to_string(), infos_[0].provider, infos_[0].fabric, names,
+             cfg.poll_mode == PollMode::kBusy ? "busy" : "adaptive");
+  return {};
+}
+
+void Worker::idle_wait() {
+  sleeping_.store(true, std::memory_order_seq_cst);
+  if (queue_.size_approx() != 0 || stop_.load()) {
+    sleeping_.store(false);
+    return;
+  }
+  // Block on the command wakeup and every CQ when all CQs allow it; otherwise
+  // nap briefly so providers with manual progress still move data.
+  pollfd fds[1 + kMaxNics];
+  nfds_t n = 0;
+  fds[n++] = {wake_fd_, POLLIN, 0};
+  bool all_blockable = true;
+  for (auto& nic : nics_) {
+    int fd = nic.domain->wait_fd();
+    if (fd < 0 || !nic.domain->can_block()) {
+      all_blockable = false;
+      break;
+    }
+    fds[n++] = {fd, POLLIN, 0};
+  }
+  if (all_blockable) {
+    ::poll(fds, n, 2);
+  } else {
+    ::poll(fds, 1, 0);
+    timespec ts{0, 20'000};
+    ::nanosleep(&ts, nullptr);
+  }
+  uint64_t v;
+  [[maybe_unused]] auto r = ::read(wake_fd_, &v, sizeof(v));
+  sleeping_.store(false, std::memory_order_seq_cst);
+}
+
+// --------------------------------------------------------------- commands
+
+bool Worker::drain_commands() {
+  Command cmds[kCommandsPerStep];
+  size_t n = queue_.try_dequeue_bulk(cmds, kCommandsPerStep);
+  for (size_t i = 0; i < n; ++i) handle(cmds[i]);
+  return n > 0;
+}
+
+void Worker::handle(Command& cmd) {
+  if (auto* c = std::get_if<ControlReq>(&cmd.req)) {
+    c->fn();
+    return;
+  }
+  if (auto* r = std::get_if<RecvPostReq>(&cmd.req)) {
+    post_recv_buffer(r->pool, r->buffer);
+    return;
+  }
+  start_transfer(cmd);
+}
+
+void Worker::fail_command(Command& cmd, Status s) {
+  if (auto* send = std::get_if<SendReq>(&cmd.req)) shared_->send_free->enqueue(send->buffer);
+  if (std::holds_alternative<RecvPostReq>(cmd.req)) return;
+  if (cmd.on_done.needs_callback_thread())
+    shared_->callbacks->push(TransferDoneEvent{std::move(cmd.on_done), std::move(s)});
+  else
+    cmd.on_done.signal_inline(s);
+}
+
+uint32_t Worker::alloc_slot() {
+  if (free_slots_.empty()) {
+    // Grow: existing slots keep their indices; contexts stay valid.
+    uint32_t old = slots_.size();
+    slots_.resize(old * 2);
+    for (uint32_t i = slots_.size(); i-- > old;) free_slots_.push_back(i);
+  }
+  uint32_t idx = free_slots_.back();
+  free_slots_.pop_back();
+  return idx;
+}
+
+PeerId Worker::resolve(uint8_t nic, const NetAddr& addr, Status* err) {
+  auto& n = nics_[nic];
+  auto it = n.peers.find(addr);
+  if (it != n.peers.end()) return it->second;
+  if (addr.transport() != infos_[nic].transport) {
+    *err = Status(Code::kInvalidArgument,
+                  fmt::format("address {} is not a {} address (NIC {})", addr.brief(),
+                              infos_[nic].provider, infos_[nic].name));
+    return 0;
+  }
+  PeerId id = n.domain->add_peer(addr.raw(), err);
+  if (!err->is_ok()) {
+    *err = Status(err->code(), fmt::format("peer {} via NIC {}: {}", addr.brief(),
+                                           infos_[nic].name, err->message()));
+    return 0;
+  }
+  n.peers.emplace(addr, id);
+  return id;
+}
+
+void Worker::start_transfer(Command& cmd) {
+  uint32_t idx = alloc_slot();
+  Slot& s = slots_[idx];
+  s.gen = (s.gen + 1) & 0xFFFFFF;
+  s.active = true;
+  s.finished = false;
+  s.id = cmd.id;
+  s.on_done = std::move(cmd.on_done);
+  s.deadline = cmd.deadline;
+  s.cursors_live = 0;
+  s.posted = s.completed = 0;
+  s.error = Status();
+  s.req = std::move(cmd.req);
+  s.peers.clear();
+  s.group_peers = nullptr;
+  ++active_;
+
+  Status st = prepare(s);
+  if (!st.is_ok()) {
+    finish(s, std::move(st));
+    maybe_finish(idx);
+    return;
+  }
+  ShardPlan plan;
+  uint32_t n = nics_.size();
+  std::visit(
+      [&](auto& r) {
+        using T = std::decay_t<decltype(r)>;
+        if constexpr (std::is_same_v<T, SingleReq>) {
+          plan = plan_single(r.len, r.route, n, rr_);
+          s.split = plan.split;
+        } else if constexpr (std::is_same_v<T, PagedReq>) {
+          plan = plan_runs(r.src_pages.indices.size(), n, rr_);
+        } else if constexpr (std::is_same_v<T, ScatterReq>) {
+          uint32_t t = r.dsts.size();
+          if (r.route.kind == GroupRoute::Kind::kPinned) plan = plan_pinned(t, r.route.nic);
+          else if (r.route.kind == GroupRoute::Kind::kShardBytes) plan = plan_shard_bytes(t, n);
+          else plan = plan_runs(t, n, rr_);
+        } else if constexpr (std::is_same_v<T, BarrierReq>) {
+          uint32_t t = r.dsts.size();
+          if (r.route.kind == GroupRoute::Kind::kPinned) plan = plan_pinned(t, r.route.nic);
+          else plan = plan_runs(t, n, rr_);
+        } else if constexpr (std::is_same_v<T, SendReq>) {
+          plan = plan_pinned(1, 0);
+        }
+      },
+      s.req);
+  enqueue_plan(idx, plan);
+  maybe_finish(idx);  // empty requests complete at once
+}
+
+// Resolves everything a transfer needs per NIC once, so posting only patches
+// addresses. Validation of user input happened on the submitting thread.
+Status Worker::prepare(Slot& s) {
+  Status err;
+  auto resolve_desc = [&](const MrDesc& d, PeerId* out) {
+    for (uint8_t k = 0; k < nics_.size(); ++k) {
+      out[k] = resolve(k, d.nics[k].addr, &err);
+      if (!err.is_ok()) return false;
+    }
+    return true;
+  };
+  auto set_src = [&](const RegRef& r) {
+    for (size_t k = 0; k < nics_.size(); ++k) s.src_desc[k] = r->local_desc[k];
+  };
+  if (auto* r = std::get_if<SingleReq>(&s.req)) {
+    set_src(r->src);
+    resolve_desc(r->dst, s.peer.data());
+  } else if (auto* r = std::get_if<PagedReq>(&s.req)) {
+    set_src(r->src);
+    resolve_desc(r->dst, s.peer.data());
+  } else if (auto* r = std::get_if<SendReq>(&s.req)) {
+    s.peer[0] = resolve(0, r->addr, &err);
+  } else {
+    std::optional<PeerGroupHandle> group;
+    size_t targets = 0;
+    if (auto* sc = std::get_if<ScatterReq>(&s.req)) {
+      set_src(sc->src);
+      group = sc->group;
+      targets = sc->dsts.size();
+    } else if (auto* b = std::get_if<BarrierReq>(&s.req)) {
+      group = b->group;
+      targets = b->dsts.size();
+    }
+    if (group) {
+      if (*group >= groups_.size())
+        return Status(Code::kNotFound, fmt::format("peer group {} not found", *group));
+      auto& g = *groups_[*group];
+      if (g.addrs.size() != targets)
+        return Status(Code::kInvalidArgument,
+                      fmt::format("peer group {} has {} peers but the request has {} targets",
+                                  *group, g.addrs.size(), targets));
+      s.group_peers = &g.peers;
+    } else {
+      s.peers.resize(targets * kMaxNics);
+      for (size_t t = 0; t < targets && err.is_ok(); ++t) {
+        const MrDesc& d = std::holds_alternative<ScatterReq>(s.req)
+                              ? std::get<ScatterReq>(s.req).dsts[t].dst
+                              : std::get<BarrierReq>(s.req).dsts[t];
+        resolve_desc(d, &s.peers[t * kMaxNics]);
+      }
+    }
+  }
+  return err;
+}
+
+void Worker::enqueue_plan(uint32_t idx, const ShardPlan& plan) {
+  Slot& s = slots_[idx];
+  for (uint32_t i = 0; i < plan.num_shards; ++i) {
+    const Shard& sh = plan.shards[i];
+    if (sh.begin == sh.end) continue;
+    s.cursors_live++;
+    nics_[sh.nic].pending.push_back(Cursor{idx, s.gen, sh, sh.begin});
+  }
+}
+
+// Fills up to out.size() writes of cursor c and the unit each came from;
+// advances c.next past the last unit used.
+size_t Worker::fill_writes(Slot& s, Cursor& c, uint8_t nic, std::span<WriteDesc> out,
+                           uint32_t* units) {
+  size_t n = 0;
+  const uint64_t ctx = make_ctx(kTagWrite, s.gen, c.slot);
+  auto base = [&](WriteDesc& w, std::optional<uint32_t> imm) {
+    w.ctx = ctx;
+    w.has_imm = imm.has_value();
+    w.imm = imm.value_or(0);
+    w.local_desc = s.src_desc[nic];
+  };
+  if (auto* r = std::get_if<SingleReq>(&s.req)) {
+    const auto& d = r->dst.nics[nic];
+    for (; c.next < c.shard.end && n < out.size(); ++c.next) {
+      units[n] = c.next;
+      WriteDesc& w = out[n++];
+      base(w, r->imm);
+      uint64_t off = s.split.piece_offset(c.next);
+      w.len = s.split.piece_len(c.next, r->len);
+      // A zero-length write still needs an in-bounds address and valid key.
+      if (w.len == 0) off = 0;
+      w.src = r->src->ptr + r->src_offset + off;
+      w.peer = s.peer[nic];
+      w.remote_addr = d.base + r->dst_offset + off;
+      w.rkey = d.rkey;
+    }
+  } else if (auto* r = std::get_if<PagedReq>(&s.req)) {
+    const auto& d = r->dst.nics[nic];
+    const uint8_t* src = r->src->ptr + r->src_pages.offset;
+    const uint64_t dst = d.base + r->dst_pages.offset;
+    for (; c.next < c.shard.end && n < out.size(); ++c.next) {
+      units[n] = c.next;
+      WriteDesc& w = out[n++];
+      base(w, r->imm);
+      w.len = r->page_len;
+      w.src = src + uint64_t(r->src_pages.indices[c.next]) * r->src_pages.stride;
+      w.peer = s.peer[nic];
+      w.remote_addr = dst + uint64_t(r->dst_pages.indices[c.next]) * r->dst_pages.stride;
+      w.rkey = d.rkey;
+    }
+  } else if (auto* r = std::get_if<ScatterReq>(&s.req)) {
+    const auto& peers = s.group_peers ? *s.group_peers : s.peers;
+    const bool bytes = r->route.kind == GroupRoute::Kind::kShardBytes;
+    for (; c.next < c.shard.end && n < out.size(); ++c.next) {
+      const ScatterDst& t = r->dsts[c.next];
+      uint64_t off = 0, len = t.len;
+      if (bytes) {
+        Split sp = split_bytes(t.len, nics_.size(), kMinScatterPiece);
+        if (c.shard.part >= sp.count) continue;  // this target needs fewer pieces
+        off = sp.piece_offset(c.shard.part);
+        len = sp.piece_len(c.shard.part, t.len);
+      }
+      units[n] = c.next;
+      WriteDesc& w = out[n++];
+      base(w, r->imm);
+      w.len = len;
+      w.src = r->src->ptr + t.src_offset + off;
+      w.peer = peers[c.next * kMaxNics + nic];
+      w.remote_addr = t.dst.nics[nic].base + t.dst_offset + off;
+      w.rkey = t.dst.nics[nic].rkey;
+    }
+  } else if (auto* r = std::get_if<BarrierReq>(&s.req)) {
+    const auto& peers = s.group_peers ? *s.group_peers : s.peers;
+    for (; c.next < c.shard.end && n < out.size(); ++c.next) {
+      const MrDesc& d = r->dsts[c.next];
+      units[n] = c.next;
+      WriteDesc& w = out[n++];
+      base(w, r->imm);
+      w.len = 0;
+      w.src = nullptr;
+      w.local_desc = nullptr;
+      w.peer = peers[c.next * kMaxNics + nic];
+      w.remote_addr = d.nics[nic].base;
+      w.rkey = d.nics[nic].rkey;
+    }
+  }
+  return n;
+}
+
+bool Worker::progress_posts() {
+  bool did = false;
+  WriteDesc batch[kPostsPerStep];
+  uint32_t units[kPostsPerStep];
+  for (uint8_t k = 0; k < nics_.size(); ++k) {
+    Nic& nic = nics_[k];
+    size_t budget = kPostsPerStep;
+    while (!nic.pending.empty() && budget > 0 && nic.outstanding < kMaxOutstanding) {
+      Cursor& c = nic.pending.front();
+      Slot& s = slots_[c.slot];
+      if (!s.active || s.gen != c.gen || s.finished || !s.error.is_ok()) {
+        // Transfer already ended (error or deadline): drop the rest.
+        if (s.active && s.gen == c.gen) {
+          s.cursors_live--;
+          maybe_finish(c.slot);
+        }
+        nic.pending.pop_front();
+        continue;
+      }
+      if (auto* send = std::get_if<SendReq>(&s.req)) {
+        auto r = nic.domain->post_send(s.peer[0], shared_->send_pool->buffer(send->buffer),
+                                       send->len, shared_->send_pool->reg->local_desc[0],
+                                       make_ctx(kTagSend, s.gen, c.slot));
+        if (r.posted == 0 && r.error.is_ok()) break;  // back-pressure
+        nic.pending.pop_front();
+        s.cursors_live--;
+        did = true;
+        if (!r.error.is_ok()) {
+          finish(s, r.error);
+          maybe_finish(c.slot);
+        } else {
+          s.posted++;
+          nic.outstanding++;
+        }
+        --budget;
+        continue;
+      }
+      size_t want = std::min(budget, kMaxOutstanding - nic.outstanding);
+      size_t n = fill_writes(s, c, k, std::span(batch, want), units);
+      auto r = n ? nic.domain->post_writes(std::span(batch, n)) : PostResult{};
+      did |= r.posted > 0;
+      s.posted += r.posted;
+      nic.outstanding += r.posted;
+      budget -= std::min(budget, r.posted);
+      if (r.posted < n) {
+        c.next = units[r.posted];  // resume at the first write not taken
+        if (!r.error.is_ok()) {
+          s.error = r.error;  // stop posting this transfer; wait for what is posted
+          nic.pending.pop_front();
+          s.cursors_live--;
+          maybe_finish(c.slot);
+        }
+        break;  // back-pressure or error: next NIC
+      }
+      if (c.next >= c.shard.end) {
+        nic.pending.pop_front();
+        s.cursors_live--;
+        maybe_finish(c.slot);
+      }
+    }
+  }
+  return did;
+}
+
+bool Worker::poll_completions() {
+  bool did = false;
+  Completion comps[kPollBatch];
+  for (uint8_t k = 0; k < nics_.size(); ++k) {
+    Nic& nic = nics_[k];
+    size_t n = nic.domain->poll(comps);
+    did |= n > 0;
+    for (size_t i = 0; i < n; ++i) {
+      Completion& c = comps[i];
+      switch (c.kind) {
+        case Completion::Kind::kRemoteImm:
+          if (c.status.is_ok()) shared_->imms->on_arrival(c.imm);
+          else log().warn("NIC {}: incoming immediate failed: {}", infos_[k].name, c.status.message());
+          break;
+        case Completion::Kind::kWrite:
+          if (nic.outstanding) nic.outstanding--;
+          on_write_done(c.ctx, c.status);
+          break;
+        case Completion::Kind::kSend:
+          if (nic.outstanding) nic.outstanding--;
+          on_send_done(c.ctx, c.status);
+          break;
+        case Completion::Kind::kRecv:
+          on_recv_done(c.ctx, c.len, c.status);
+          break;
+      }
+    }
+  }
+  return did;
+}
+
+void Worker::on_write_done(uint64_t ctx, const Status& st) {
+  uint32_t idx = ctx_idx(ctx);
+  if (ctx_tag(ctx) != kTagWrite || idx >= slots_.size()) {
+    log().error("worker {}: completion with unknown context {:#x}", index_, ctx);
+    return;
+  }
+  Slot& s = slots_[idx];
+  if (!s.active || s.gen != ctx_gen(ctx)) return;  // stale: slot was recycled
+  s.completed++;
+  if (!st.is_ok() && s.error.is_ok()) s.error = st;
+  maybe_finish(idx);
+}
+
+void Worker::on_send_done(uint64_t ctx, const Status& st) {
+  uint32_t idx = ctx_idx(ctx);
+  if (idx >= slots_.size()) return;
+  Slot& s = slots_[idx];
+  if (!s.active || s.gen != ctx_gen(ctx)) return;
+  s.completed++;
+  if (!st.is_ok() && s.error.is_ok()) s.error = st;
+  maybe_finish(idx);
+}
+
+void Worker::maybe_finish(uint32_t idx) {
+  Slot& s = slots_[idx];
+  if (!s.active) return;
+  if (s.error.is_ok() || s.finished) {
+    if (s.cursors_live > 0 || s.completed < s.posted) return;
+  } else if (!s.finished) {
+    // Failed: report now, but keep the slot until posted writes drained so
+    // their completions cannot be mistaken for a new transfer's.
+    finish(s, s.error);
+    if (s.cursors_live > 0 || s.completed < s.posted) return;
+  }
+  if (s.cursors_live > 0 || s.completed < s.posted) return;
+  if (!s.finished) finish(s, s.error);
+  if (auto* send = std::get_if<SendReq>(&s.req)) shared_->send_free->enqueue(send->buffer);
+  s.active = false;
+  s.req = Request{};
+  s.peers.clear();
+  free_slots_.push_back(idx);
+  --active_;
+}
+
+void Worker::finish(Slot& s, Status st) {
+  if (s.finished) return;
+  s.finished = true;
+  if (!st.is_ok() && s.error.is_ok()) s.error = st;
+  if (s.on_done.needs_callback_thread())
+    shared_->callbacks->push(TransferDoneEvent{std::move(s.on_done), std::move(st)});
+  else
+    s.on_done.signal_inline(st);
+  s.on_done = OnDone();
+}
+
+void Worker::check_deadlines() {
+  if (active_ == 0) {
+    // Registrations retired by unreg_mr die here once no transfer holds them.
+    std::erase_if(retired_, [](const RegRef& r) { return r.use_count() == 1; });
+    return;
+  }
+  auto now = Clock::now();
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (!s.active || s.finished || s.deadline == Clock::time_point{} || now < s.deadline) continue;
+    std::string peer = "?";
+    if (auto* r = std::get_if<SingleReq>(&s.req)) peer = r->dst.nics[0].addr.brief();
+    else if (auto* r = std::get_if<PagedReq>(&s.req)) peer = r->dst.nics[0].addr.brief();
+    else if (auto* r = std::get_if<SendReq>(&s.req)) peer = r->addr.brief();
+    finish(s, Status(Code::kDeadlineExceeded,
+                     fmt::format("transfer {} to {} via NIC {} passed its deadline ({} of {} "
+                                 "writes completed)",
+                                 s.id, peer, infos_[0].name, s.completed, s.posted)));
+    maybe_finish(i);
+  }
+  std::erase_if(retired_, [](const RegRef& r) { return r.use_count() == 1; });
+}
+
+// ------------------------------------------------------------ send / recv
+
+void Worker::post_recv_buffer(uint32_t pool, uint32_t buffer) {
+  auto& p = *(*shared_->recv_pools)[pool];
+  auto r = nics_[0].domain->post_recv(p.buffer(buffer), p.buf_len, p.reg->local_desc[0],
+                                      make_ctx(kTagRecv, pool, buffer));
+  if (!r.error.is_ok() || r.posted == 0) {
+    // Receives are posted rarely; a full queue is retried from the command queue.
+    if (r.error.is_ok()) {
+      Command c;
+      c.req = RecvPostReq{pool, buffer};
+      queue_.enqueue(std::move(c));
+    } else {
+      log().error("NIC {}: cannot post receive buffer {} of pool {}: {}", infos_[0].name, buffer,
+                  pool, r.error.message());
+    }
+  }
+}
+
+void Worker::on_recv_done(uint64_t ctx, uint64_t len, const Status& st) {
+  uint32_t pool = ctx_gen(ctx), buffer = ctx_idx(ctx);
+  if (ctx_tag(ctx) != kTagRecv || pool >= shared_->recv_pools->size() ||
+      !(*shared_->recv_pools)[pool])
+    return;
+  if (!st.is_ok()) {
+    if (!stop_.load())
+      log().warn("NIC {}: receive failed: {} (buffer re-posted)", infos_[0].name, st.message());
+    if (!stop_.load()) post_recv_buffer(pool, buffer);
+    return;
+  }
+  RecvPool* p = (*shared_->recv_pools)[pool].get();
+  len = std::min<uint64_t>(len, p->buf_len);
+  // The user sees the bytes in place; the buffer goes back to the NIC after.
+  shared_->callbacks->push(TaskEvent{[this, p, pool, buffer, len] {
+    struct Repost {
+      Worker* w;
+      uint32_t pool, buffer;
+      ~Repost() {
+        Command c;
+        c.req = RecvPostReq{pool, buffer};
+        w->submit(std::move(c));
+      }
+    } repost{this, pool, buffer};
+    p->on_recv(std::span<const uint8_t>(p->buffer(buffer), len));
+  }});
+}
+
+// ------------------------------------------------------------ control plane
+
+void Worker::register_wt(Registration& reg, bool remote, Status* err) {
+  reg.mrs.clear();
+  for (size_t k = 0; k < nics_.size(); ++k) {
+    auto mr = nics_[k].domain->register_mr(reg.ptr, reg.len, reg.device, remote, err);
+    if (!mr) {
+      if (err->is_ok()) *err = Status(Code::kUnavailable, "registration failed");
+      *err = Status(err->code(), fmt::format("reg_mr({} bytes at {}, {}) on NIC {}: {}", reg.len,
+                                             static_cast<void*>(reg.ptr), reg.device.to_string(),
+                                             infos_[k].name, err->message()));
+      reg.mrs.clear();
+      return;
+    }
+    reg.local_desc[k] = mr->local_desc;
+    reg.mrs.push_back(std::move(mr));
+  }
+}
+
+PeerGroupHandle Worker::add_peer_group_wt(const std::vector<std::vector<NetAddr>>& peers,
+                                          Status* err) {
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (groups_[g]->addrs == peers) return g;
+  auto pgp = std::make_unique<PeerGroup>();
+  auto& pg = *pgp;
+  pg.addrs = peers;
+  pg.peers.resize(peers.size() * kMaxNics);
+  for (size_t t = 0; t < peers.size(); ++t) {
+    for (uint8_t k = 0; k < nics_.size(); ++k) {
+      pg.peers[t * kMaxNics + k] = resolve(k, peers[t][k], err);
+      if (!err->is_ok()) return 0;
+    }
+  }
+  groups_.push_back(std::move(pgp));
+  return groups_.size() - 1;
+}
+
+}  // namespace ferry::core

@@ -1,0 +1,231 @@
+// One worker thread per DomainGroup (one GPU or the host): it owns the
+// group's NICs, turns commands into writes, posts them, polls completions and
+// bumps immediate counters. Only this thread touches its Domains.
+#pragma once
+
+#include <concurrentqueue/concurrentqueue.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "core/domain.h"
+#include "core/ring.h"
+#include "core/sharding.h"
+#include "ferry/engine.h"
+
+namespace ferry::core {
+
+class CallbackThread;
+class ImmTable;
+
+using Clock = std::chrono::steady_clock;
+
+// A registered region and its per-NIC registrations. Shared by the engine's
+// table and by transfers in flight, so an unregistered region stays valid
+// until the NICs are done with it; destroyed on its worker thread.
+struct Registration {
+  uint64_t id = 0;
+  uint8_t* ptr = nullptr;
+  uint64_t len = 0;
+  Device device;
+  size_t group = 0;
+  std::vector<std::unique_ptr<DomainMr>> mrs;  // one per NIC of the group
+  std::array<void*, kMaxNics> local_desc{};
+};
+using RegRef = std::shared_ptr<Registration>;
+
+struct SingleReq {
+  RegRef src;
+  uint64_t src_offset = 0, len = 0;
+  MrDesc dst;
+  uint64_t dst_offset = 0;
+  std::optional<uint32_t> imm;
+  WriteRoute route;
+};
+struct PagedReq {
+  RegRef src;
+  uint64_t page_len = 0;
+  Pages src_pages, dst_pages;
+  MrDesc dst;
+  std::optional<uint32_t> imm;
+};
+struct ScatterReq {
+  RegRef src;
+  std::vector<ScatterDst> dsts;
+  std::optional<PeerGroupHandle> group;
+  std::optional<uint32_t> imm;
+  GroupRoute route;
+};
+struct BarrierReq {
+  std::vector<MrDesc> dsts;
+  std::optional<PeerGroupHandle> group;
+  uint32_t imm = 0;
+  GroupRoute route;
+};
+struct SendReq {
+  NetAddr addr;
+  uint32_t buffer = 0;  // index into the engine's send pool
+  uint64_t len = 0;
+};
+struct RecvPostReq {
+  uint32_t pool = 0;
+  uint32_t buffer = 0;
+};
+struct ControlReq {
+  std::function<void()> fn;
+};
+
+using Request =
+    std::variant<SingleReq, PagedReq, ScatterReq, BarrierReq, SendReq, RecvPostReq, ControlReq>;
+
+struct Command {
+  TransferId id = 0;
+  OnDone on_done;
+  Clock::time_point deadline{};  // epoch = none
+  Request req;
+};
+
+// Host buffers used by sends and receives; registered on NIC 0 of group 0.
+struct BufferPool {
+  std::unique_ptr<uint8_t[]> mem;
+  size_t buf_len = 0, count = 0;
+  RegRef reg;
+  uint8_t* buffer(uint32_t i) const { return mem.get() + size_t(i) * buf_len; }
+};
+struct RecvPool : BufferPool {
+  RecvCallback on_recv;
+};
+
+struct EngineShared {
+  EngineConfig config;
+  uint64_t incarnation = 0;
+  ImmTable* imms = nullptr;
+  CallbackThread* callbacks = nullptr;
+  moodycamel::ConcurrentQueue<uint32_t>* send_free = nullptr;
+  BufferPool* send_pool = nullptr;
+  // Fixed size, never resized; a slot is filled before its buffers are posted.
+  std::vector<std::unique_ptr<RecvPool>>* recv_pools = nullptr;
+};
+
+class Worker {
+ public:
+  Worker(EngineShared* shared, size_t index, GroupConfig group);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Starts the thread; returns once the NICs are open (or failed to open).
+  Status start();
+  void stop();
+
+  void submit(Command&& cmd);
+  // Runs fn on the worker thread and waits for it (control plane).
+  Status call(std::function<void()> fn, std::chrono::milliseconds timeout);
+
+  size_t index() const { return index_; }
+  size_t nics() const { return addrs_.size(); }
+  const std::vector<NetAddr>& addresses() const { return addrs_; }
+  const std::vector<DomainInfo>& nic_infos() const { return infos_; }
+  std::thread::id thread_id() const { return thread_.get_id(); }
+
+  // --- worker thread only (suffix _wt) -----------------------------------
+  void register_wt(Registration& reg, bool remote, Status* err);
+  PeerGroupHandle add_peer_group_wt(const std::vector<std::vector<NetAddr>>& peers, Status* err);
+  // Keeps an unregistered region until no transfer in flight holds it.
+  void retire_wt(RegRef reg) { retired_.push_back(std::move(reg)); }
+
+ private:
+  // Per-transfer state, tracked by slot index (no maps on the datapath).
+  struct Slot {
+    uint32_t gen = 0;
+    bool active = false;
+    bool finished = false;  // user already signalled (deadline or error); draining
+    TransferId id = 0;
+    OnDone on_done;
+    Clock::time_point deadline{};
+    uint32_t cursors_live = 0;
+    uint64_t posted = 0, completed = 0;
+    Status error;
+    Request req;
+    // Resolved per NIC: local source descriptor; single/paged destination.
+    std::array<void*, kMaxNics> src_desc{};
+    std::array<PeerId, kMaxNics> peer{};
+    Split split;
+    // Scatter / barrier: peers[target * kMaxNics + nic].
+    std::vector<PeerId> peers;
+    const std::vector<PeerId>* group_peers = nullptr;
+  };
+  struct Cursor {
+    uint32_t slot = 0;
+    uint32_t gen = 0;
+    Shard shard;
+    uint32_t next = 0;
+  };
+  struct Nic {
+    std::unique_ptr<Domain> domain;
+    Ring<Cursor> pending;
+    std::unordered_map<NetAddr, PeerId> peers;
+    uint64_t outstanding = 0;
+  };
+  struct PeerGroup {
+    std::vector<std::vector<NetAddr>> addrs;
+    std::vector<PeerId> peers;  // [peer * kMaxNics + nic]
+  };
+
+  void run(std::promise<Status>* init);
+  Status open_nics();
+  bool drain_commands();
+  void handle(Command& cmd);
+  bool progress_posts();
+  bool poll_completions();
+  void idle_wait();
+  void check_deadlines();
+
+  uint32_t alloc_slot();
+  void fail_command(Command& cmd, Status s);
+  void start_transfer(Command& cmd);
+  Status prepare(Slot& s);
+  void enqueue_plan(uint32_t slot, const ShardPlan& plan);
+  size_t fill_writes(Slot& s, Cursor& c, uint8_t nic, std::span<WriteDesc> out, uint32_t* units);
+  void on_write_done(uint64_t ctx, const Status& st);
+  void maybe_finish(uint32_t idx);
+  void finish(Slot& s, Status st);
+  PeerId resolve(uint8_t nic, const NetAddr& addr, Status* err);
+  void post_recv_buffer(uint32_t pool, uint32_t buffer);
+  void on_send_done(uint64_t ctx, const Status& st);
+  void on_recv_done(uint64_t ctx, uint64_t len, const Status& st);
+
+  EngineShared* shared_;
+  size_t index_;
+  GroupConfig group_;
+  std::vector<NetAddr> addrs_;
+  std::vector<DomainInfo> infos_;
+
+  moodycamel::ConcurrentQueue<Command> queue_;
+  int wake_fd_ = -1;
+  std::atomic<bool> sleeping_{false};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+
+  // Worker-thread state (allocated after pinning).
+  std::vector<Nic> nics_;
+  std::vector<Slot> slots_;
+  std::vector<uint32_t> free_slots_;
+  uint32_t rr_ = 0;
+  std::vector<std::unique_ptr<PeerGroup>> groups_;  // stable: transfers point into them
+  std::vector<RegRef> retired_;
+  uint64_t active_ = 0;
+  Clock::time_point last_deadline_scan_{};
+};
+
+}  // namespace ferry::core

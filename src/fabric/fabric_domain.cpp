@@ -1,0 +1,467 @@
+// libfabric Domain: open, memory registration, address resolution.
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include "fabric/fabric_domain.h"
+#include "fabric/fabric_domain_impl.h"
+
+namespace ferry::fabric {
+
+namespace {
+
+// Enough for every provider we open (efa 32 B, tcp sockaddr_in6, shm names);
+// fi_getname tells us when it is not.
+constexpr size_t kInitialAddrLen = 256;
+// The pool bounds outstanding ops; the provider's own queue depth is the
+// natural bound, clamped so a provider reporting huge queues does not cost
+// megabytes per NIC.
+constexpr size_t kMinPoolEntries = 4096;
+constexpr size_t kMaxPoolEntries = 16384;
+
+Status fi_failure(Code code, const std::string& nic, const char* call, int ret) {
+  return Status(code, fmt::format("fabric NIC '{}': {} failed: {} ({})", nic, call,
+                                  fi_strerror(ret < 0 ? -ret : ret), ret));
+}
+
+void set_error(Status* error, Status s) {
+  if (error != nullptr) *error = std::move(s);
+}
+
+}  // namespace
+
+const char* op_kind_name(OpKind kind) noexcept {
+  switch (kind) {
+    case OpKind::kWrite:
+      return "write";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+    case OpKind::kInternalRecv:
+      return "internal recv";
+    case OpKind::kFree:
+      break;
+  }
+  return "unknown op";
+}
+
+OpPool::OpPool(size_t capacity)
+    : capacity_(capacity),
+      entries_(new OpEntry[capacity]()),
+      free_(new uint32_t[capacity]),
+      free_count_(capacity) {
+  // Lowest index on top: recently used entries stay warm in cache.
+  for (size_t i = 0; i < capacity; ++i) free_[i] = static_cast<uint32_t>(capacity - 1 - i);
+}
+
+OpEntry* OpPool::acquire(OpKind kind, uint64_t user_ctx) noexcept {
+  if (free_count_ == 0) return nullptr;
+  OpEntry* e = &entries_[free_[--free_count_]];
+  e->user_ctx = user_ctx;
+  e->kind = kind;
+  e->buf = nullptr;
+  e->desc = nullptr;
+  e->len = 0;
+  return e;
+}
+
+void OpPool::release(OpEntry* entry) noexcept {
+  if (entry == nullptr || entry->kind == OpKind::kFree) return;
+  entry->kind = OpKind::kFree;
+  free_[free_count_++] = static_cast<uint32_t>(entry - entries_.get());
+}
+
+OpEntry* OpPool::from_context(void* op_context) noexcept {
+  const auto p = reinterpret_cast<uintptr_t>(op_context);
+  const auto begin = reinterpret_cast<uintptr_t>(entries_.get());
+  const uintptr_t end = begin + capacity_ * sizeof(OpEntry);
+  if (p < begin || p >= end || (p - begin) % sizeof(OpEntry) != 0) return nullptr;
+  return reinterpret_cast<OpEntry*>(op_context);
+}
+
+std::unique_ptr<core::Domain> open_fabric_domain(const core::DomainOptions& options,
+                                                 Status* error) {
+  return FabricDomain::open(options, error);
+}
+
+std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& options,
+                                                 Status* error) {
+  const std::string& provider = options.provider;
+  if (provider.empty()) {
+    set_error(error, Status(Code::kInvalidArgument, "fabric: no libfabric provider given"));
+    return nullptr;
+  }
+  const bool want_hmem = options.device.kind == Device::Kind::kCuda;
+  InfoPtr hints = make_hints(provider, want_hmem, options.nic_name);
+  if (!hints) {
+    set_error(error, Status(Code::kResourceExhausted, "fabric: fi_allocinfo failed"));
+    return nullptr;
+  }
+  fi_info* raw_list = nullptr;
+  int ret = fi_getinfo(kFabricApiVersion, nullptr, nullptr, 0, hints.get(), &raw_list);
+  InfoPtr list(ret == 0 ? raw_list : nullptr);
+  const std::string wanted =
+      options.nic_name.empty() ? fmt::format("#{}", options.nic_index) : options.nic_name;
+  if (ret != 0) {
+    set_error(error, Status(Code::kUnavailable,
+                            fmt::format("fabric: provider '{}' offers no usable domain {}{}: "
+                                        "fi_getinfo failed: {} ({})",
+                                        provider, wanted, want_hmem ? " with FI_HMEM" : "",
+                                        fi_strerror(-ret), ret)));
+    return nullptr;
+  }
+
+  // Several entries may describe one domain (e.g. tcp offers IPv4 and IPv6
+  // fabrics on "lo"); the first one of a domain wins.
+  const fi_info* chosen = nullptr;
+  std::vector<std::string> seen;
+  for (const fi_info* i = list.get(); i != nullptr && chosen == nullptr; i = i->next) {
+    if (!info_usable(i, provider)) continue;
+    const std::string name = i->domain_attr->name;
+    if (!options.nic_name.empty()) {
+      if (name == options.nic_name) chosen = i;
+      continue;
+    }
+    if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
+    if (seen.size() == options.nic_index) chosen = i;
+    seen.push_back(name);
+  }
+  if (chosen == nullptr) {
+    set_error(error, Status(Code::kNotFound,
+                            fmt::format(
+                                "fabric: provider '{}' has no domain {} with RDM, RMA and 4-byte "
+                                "remote CQ data (fi_getinfo: {}; usable domains: [{}])",
+                                provider, wanted, fi_strerror(FI_ENODATA), fmt::join(seen, ", "))));
+    return nullptr;
+  }
+
+  auto res = std::make_shared<FabricResources>();
+  res->info.reset(fi_dupinfo(chosen));
+  list.reset();
+  if (!res->info) {
+    set_error(error, Status(Code::kResourceExhausted, "fabric: fi_dupinfo failed"));
+    return nullptr;
+  }
+  const fi_info* info = res->info.get();
+  res->nic_name = info->domain_attr->name;
+  res->mr_mode = info->domain_attr->mr_mode;
+  const std::string& nic = res->nic_name;
+
+  const size_t queue_depth = (info->tx_attr != nullptr ? info->tx_attr->size : 0) +
+                             (info->rx_attr != nullptr ? info->rx_attr->size : 0);
+  res->pool = std::make_unique<OpPool>(std::clamp(queue_depth, kMinPoolEntries, kMaxPoolEntries));
+
+  fid_fabric* fabric = nullptr;
+  ret = fi_fabric(info->fabric_attr, &fabric, nullptr);
+  if (ret != 0) {
+    set_error(error, fi_failure(Code::kUnavailable, nic, "fi_fabric", ret));
+    return nullptr;
+  }
+  res->fabric.reset(fabric);
+
+  fid_domain* domain = nullptr;
+  ret = fi_domain(res->fabric.get(), res->info.get(), &domain, nullptr);
+  if (ret != 0) {
+    set_error(error, fi_failure(Code::kUnavailable, nic, "fi_domain", ret));
+    return nullptr;
+  }
+  res->domain.reset(domain);
+
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_DATA;
+  cq_attr.wait_obj = FI_WAIT_FD;
+  fid_cq* cq = nullptr;
+  ret = fi_cq_open(res->domain.get(), &cq_attr, &cq, nullptr);
+  std::string wait_note = "yes";
+  if (ret != 0) {
+    // A CQ without a wait object still works; the engine just cannot sleep on it.
+    wait_note = fmt::format("no (fi_cq_open with FI_WAIT_FD: {})", fi_strerror(-ret));
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    ret = fi_cq_open(res->domain.get(), &cq_attr, &cq, nullptr);
+  }
+  if (ret != 0) {
+    set_error(error, fi_failure(Code::kUnavailable, nic, "fi_cq_open", ret));
+    return nullptr;
+  }
+  res->cq.reset(cq);
+
+  fi_av_attr av_attr{};
+  av_attr.type =
+      info->domain_attr->av_type != FI_AV_UNSPEC ? info->domain_attr->av_type : FI_AV_TABLE;
+  fid_av* av = nullptr;
+  ret = fi_av_open(res->domain.get(), &av_attr, &av, nullptr);
+  if (ret != 0) {
+    set_error(error, fi_failure(Code::kUnavailable, nic, "fi_av_open", ret));
+    return nullptr;
+  }
+  res->av.reset(av);
+
+  fid_ep* ep = nullptr;
+  ret = fi_endpoint(res->domain.get(), res->info.get(), &ep, nullptr);
+  if (ret != 0) {
+    set_error(error, fi_failure(Code::kUnavailable, nic, "fi_endpoint", ret));
+    return nullptr;
+  }
+  res->ep.reset(ep);
+  ret = fi_ep_bind(ep, &res->cq->fid, FI_TRANSMIT | FI_RECV);
+  if (ret != 0) {
+    set_error(error, fi_failure(Code::kUnavailable, nic, "fi_ep_bind(cq)", ret));
+    return nullptr;
+  }
+  ret = fi_ep_bind(ep, &res->av->fid, 0);
+  if (ret != 0) {
+    set_error(error, fi_failure(Code::kUnavailable, nic, "fi_ep_bind(av)", ret));
+    return nullptr;
+  }
+  ret = fi_enable(ep);
+  if (ret != 0) {
+    set_error(error, fi_failure(Code::kUnavailable, nic, "fi_enable", ret));
+    return nullptr;
+  }
+
+  std::unique_ptr<FabricDomain> d(new FabricDomain());
+  d->address_.resize(kInitialAddrLen);
+  size_t addrlen = d->address_.size();
+  ret = fi_getname(&ep->fid, d->address_.data(), &addrlen);
+  if (ret == -FI_ETOOSMALL) {
+    d->address_.resize(addrlen);
+    ret = fi_getname(&ep->fid, d->address_.data(), &addrlen);
+  }
+  if (ret != 0) {
+    set_error(error, fi_failure(Code::kUnavailable, nic, "fi_getname", ret));
+    return nullptr;
+  }
+  d->address_.resize(addrlen);
+  d->peer_addr_len_ = std::max({addrlen, info->src_addrlen, info->dest_addrlen});
+
+  if (cq_attr.wait_obj == FI_WAIT_FD) {
+    int fd = -1;
+    ret = fi_control(&res->cq->fid, FI_GETWAIT, &fd);
+    if (ret == 0 && fd >= 0) {
+      d->wait_fd_ = fd;
+    } else {
+      wait_note = fmt::format("no (fi_control FI_GETWAIT: {})", fi_strerror(-ret));
+    }
+  }
+
+  d->res_ = std::move(res);
+  d->ep_ = d->res_->ep.get();
+  d->cq_ = d->res_->cq.get();
+  d->pool_ = d->res_->pool.get();
+  d->repost_.reset(new OpEntry*[d->pool_->capacity()]);
+  d->rx_cq_data_ = (info->mode & FI_RX_CQ_DATA) != 0;
+  if (d->rx_cq_data_ && !d->post_internal_recvs()) {
+    set_error(error, Status(Code::kUnavailable,
+                            fmt::format("fabric NIC '{}': fi_recv failed while posting receives "
+                                        "for remote CQ data (FI_RX_CQ_DATA)",
+                                        nic)));
+    return nullptr;
+  }
+
+  d->msg_.msg_iov = &d->iov_;
+  d->msg_.desc = d->desc_;
+  d->msg_.iov_count = 1;
+  d->msg_.rma_iov = &d->rma_iov_;
+  d->msg_.rma_iov_count = 1;
+
+  d->info_.name = nic;
+  d->info_.provider = info->fabric_attr->prov_name;
+  d->info_.fabric = info->fabric_attr->name != nullptr ? info->fabric_attr->name : "";
+  if (info->nic != nullptr && info->nic->link_attr != nullptr) {
+    d->info_.link_speed_bps = info->nic->link_attr->speed;
+  }
+  d->info_.max_msg_size = info->ep_attr != nullptr ? info->ep_attr->max_msg_size : 0;
+  d->info_.transport = Transport::kFabric;
+
+  spdlog::info(
+      "ferry fabric: opened provider={} fabric={} domain={} mr_mode={} mode={:#x} "
+      "cq_data_size={} wait_fd={} ops={}{}",
+      d->info_.provider, d->info_.fabric, nic, mr_mode_string(d->res_->mr_mode), info->mode,
+      info->domain_attr->cq_data_size, wait_note, d->pool_->capacity(),
+      (info->caps & FI_HMEM) != 0 ? " hmem" : "");
+  set_error(error, Status::ok());
+  return d;
+}
+
+FabricDomain::~FabricDomain() = default;
+
+std::unique_ptr<core::DomainMr> FabricDomain::register_mr(void* ptr, size_t len, Device device,
+                                                          bool remote, Status* error) {
+  const std::string& nic = res_->nic_name;
+  if (ptr == nullptr || len == 0) {
+    set_error(error, Status(Code::kInvalidArgument,
+                            fmt::format("fabric NIC '{}': fi_mr_regattr: null pointer or zero "
+                                        "length ({} bytes at {})",
+                                        nic, len, ptr)));
+    return nullptr;
+  }
+  const bool cuda = device.kind == Device::Kind::kCuda;
+  if (cuda && (res_->info->caps & FI_HMEM) == 0) {
+    set_error(error, Status(Code::kFailedPrecondition,
+                            fmt::format("fabric NIC '{}': fi_mr_regattr: CUDA memory on a domain "
+                                        "opened without FI_HMEM",
+                                        nic)));
+    return nullptr;
+  }
+
+  iovec iov{ptr, len};
+  fi_mr_attr attr{};
+  attr.mr_iov = &iov;
+  attr.iov_count = 1;
+  attr.access = FI_SEND | FI_RECV | FI_WRITE | FI_READ;
+  if (remote) attr.access |= FI_REMOTE_WRITE | FI_REMOTE_READ;
+  // Without FI_MR_PROV_KEY the application picks keys, unique per domain.
+  if ((res_->mr_mode & FI_MR_PROV_KEY) == 0) {
+    attr.requested_key = res_->next_key.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (cuda) {
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = device.ordinal;
+  } else {
+    attr.iface = FI_HMEM_SYSTEM;
+  }
+
+  fid_mr* raw_mr = nullptr;
+  int ret = fi_mr_regattr(res_->domain.get(), &attr, 0, &raw_mr);
+  if (ret != 0) {
+    set_error(error, fi_failure(Code::kUnavailable, nic, "fi_mr_regattr", ret));
+    return nullptr;
+  }
+  FidPtr<fid_mr> mr(raw_mr);
+  if ((res_->mr_mode & FI_MR_ENDPOINT) != 0) {
+    ret = fi_mr_bind(mr.get(), &res_->ep->fid, 0);
+    if (ret != 0) {
+      set_error(error, fi_failure(Code::kUnavailable, nic, "fi_mr_bind", ret));
+      return nullptr;
+    }
+    ret = fi_mr_enable(mr.get());
+    if (ret != 0) {
+      set_error(error, fi_failure(Code::kUnavailable, nic, "fi_mr_enable", ret));
+      return nullptr;
+    }
+  }
+  const uint64_t key = fi_mr_key(mr.get());
+  if (key == FI_KEY_NOTAVAIL) {
+    // Only FI_MR_RAW providers do this, and we do not ask for raw keys.
+    set_error(error,
+              Status(Code::kUnimplemented,
+                     fmt::format("fabric NIC '{}': fi_mr_key: provider uses raw keys", nic)));
+    return nullptr;
+  }
+
+  // The descriptor is passed even without FI_MR_LOCAL: with FI_HMEM it is how
+  // the provider learns that a buffer is device memory.
+  void* desc = fi_mr_desc(mr.get());
+  auto out = std::make_unique<FabricMr>(res_, std::move(mr));
+  out->local_desc = desc;
+  out->rkey = key;
+  // Without FI_MR_VIRT_ADDR the target addresses are offsets into the region.
+  out->remote_base = (res_->mr_mode & FI_MR_VIRT_ADDR) != 0 ? reinterpret_cast<uint64_t>(ptr) : 0;
+  set_error(error, Status::ok());
+  return out;
+}
+
+namespace {
+
+// Length of the "scheme://" prefix when `a` is a NUL-terminated printable
+// URI-style name (shm: "fi_shm://<pid>:..."), else 0.
+size_t uri_scheme_len(std::span<const uint8_t> a) {
+  const auto nul = std::find(a.begin(), a.end(), uint8_t{0});
+  if (nul == a.end()) return 0;
+  const std::string_view s(reinterpret_cast<const char*>(a.data()),
+                           static_cast<size_t>(nul - a.begin()));
+  if (!std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) return 0;
+  const size_t pos = s.find("://");
+  return pos == std::string_view::npos || pos == 0 ? 0 : pos + 3;
+}
+
+}  // namespace
+
+// Providers do not all validate what fi_av_insert gets (shm takes any string
+// as a peer name and fails only on first use), so an address that cannot be
+// of our format is refused up front. nullptr when it may be ours.
+const char* FabricDomain::foreign_address(std::span<const uint8_t> raw) const {
+  const size_t scheme = uri_scheme_len(address_);
+  if (scheme != 0) {
+    if (uri_scheme_len(raw) != scheme || std::memcmp(raw.data(), address_.data(), scheme) != 0) {
+      return "name scheme differs";
+    }
+    return nullptr;
+  }
+  // Binary addresses (sockaddr, EFA GID+QPN) have one size per fabric.
+  return raw.size() != address_.size() ? "length differs" : nullptr;
+}
+
+core::PeerId FabricDomain::add_peer(std::span<const uint8_t> raw, Status* error) {
+  const std::string& nic = res_->nic_name;
+  if (raw.empty() || raw.size() > NetAddr::kMaxRawSize) {
+    set_error(error, Status(Code::kInvalidArgument,
+                            fmt::format("fabric NIC '{}': fi_av_insert: bad address length {}", nic,
+                                        raw.size())));
+    return 0;
+  }
+  if (const char* why = foreign_address(raw); why != nullptr) {
+    set_error(error, Status(Code::kInvalidArgument,
+                            fmt::format("fabric NIC '{}': fi_av_insert: not a {} address of "
+                                        "this NIC's format ({}; {} bytes, ours {})",
+                                        nic, info_.provider, why, raw.size(), address_.size())));
+    return 0;
+  }
+  std::string key(reinterpret_cast<const char*>(raw.data()), raw.size());
+  if (auto it = peers_.find(key); it != peers_.end()) {
+    set_error(error, Status::ok());
+    return it->second;
+  }
+  // fi_av_insert takes no length: the provider reads as many bytes as its
+  // address format says. Zero padding keeps a short or foreign address from
+  // making it read past our buffer.
+  std::vector<uint8_t> buf(std::max(raw.size(), peer_addr_len_), 0);
+  std::memcpy(buf.data(), raw.data(), raw.size());
+  fi_addr_t addr = FI_ADDR_NOTAVAIL;
+  const int ret = fi_av_insert(res_->av.get(), buf.data(), 1, &addr, 0, nullptr);
+  if (ret != 1 || addr == FI_ADDR_NOTAVAIL) {
+    set_error(error, Status(Code::kUnavailable,
+                            fmt::format("fabric NIC '{}': fi_av_insert failed: {} ({})", nic,
+                                        ret < 0 ? fi_strerror(-ret) : "address rejected", ret)));
+    return 0;
+  }
+  peers_.emplace(std::move(key), addr);
+  set_error(error, Status::ok());
+  return addr;
+}
+
+void FabricDomain::remove_peer(core::PeerId peer) {
+  for (auto it = peers_.begin(); it != peers_.end(); ++it) {
+    if (it->second != peer) continue;
+    fi_addr_t addr = peer;
+    const int ret = fi_av_remove(res_->av.get(), &addr, 1, 0);
+    if (ret != 0) {
+      spdlog::warn("fabric NIC '{}': fi_av_remove failed: {} ({})", res_->nic_name,
+                   fi_strerror(-ret), ret);
+    }
+    peers_.erase(it);
+    return;
+  }
+}
+
+bool FabricDomain::can_block() {
+  if (wait_fd_ < 0) return false;
+  fid* fids[1] = {&cq_->fid};
+  return fi_trywait(res_->fabric.get(), fids, 1) == FI_SUCCESS;
+}
+
+}  // namespace ferry::fabric

@@ -1,0 +1,28 @@
+// libfabric Domain: one fabric domain + RDM endpoint per NIC (efa, tcp;ofi_rxm, shm).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/domain.h"
+
+namespace ferry::fabric {
+
+struct FabricNicInfo {
+  std::string provider;  // as reported: "efa", "tcp;ofi_rxm", "shm"
+  std::string fabric;
+  std::string domain;    // NIC name used in GroupConfig::nic_names
+  uint64_t link_speed_bps = 0;
+  std::string pci_address;  // "0000:16:00.0" when the provider reports it
+  bool hmem = false;        // FI_HMEM supported
+};
+
+// Domains the provider offers with RDM endpoints, RMA, MSG and remote CQ data.
+std::vector<FabricNicInfo> list_fabric_nics(const std::string& provider);
+
+// Opens one NIC. Never falls back to another provider: failure is returned.
+std::unique_ptr<core::Domain> open_fabric_domain(const core::DomainOptions& options,
+                                                 Status* error);
+
+}  // namespace ferry::fabric

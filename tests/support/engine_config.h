@@ -1,0 +1,26 @@
+#pragma once
+
+#include <string>
+
+#include "ferry/engine.h"
+
+namespace ferry::test {
+
+// Engine configuration for a provider available on every CI machine:
+// "tcp" = tcp;ofi_rxm on the loopback interface, "shm" = shared memory.
+// Several NICs are several endpoints on the same interface.
+inline EngineConfig config_for(const std::string& kind, size_t nics = 1) {
+  EngineConfig c;
+  c.groups = {GroupConfig{}};
+  if (kind == "tcp") {
+    c.provider = "tcp;ofi_rxm";
+    c.groups[0].nic_names.assign(nics, "lo");
+  } else {
+    c.provider = "shm";
+    c.groups[0].nic_names.assign(nics, "shm");
+  }
+  c.default_deadline = std::chrono::seconds(20);
+  return c;
+}
+
+}  // namespace ferry::test

@@ -1,0 +1,74 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "core/callback_thread.h"
+#include "core/imm_table.h"
+
+namespace ferry::core {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(ImmCounter, WaitConsumesAndCarriesSurplus) {
+  ImmTable t(nullptr);
+  auto c = t.counter(1);
+  for (int i = 0; i < 5; ++i) t.on_arrival(1);
+  EXPECT_TRUE(c.wait(3, 1s).is_ok());
+  EXPECT_EQ(c.value(), 2);
+  EXPECT_FALSE(c.try_consume(3));
+  EXPECT_TRUE(c.try_consume(2));
+  EXPECT_EQ(c.value(), 0);
+}
+
+TEST(ImmCounter, WaitTimesOutWithoutConsuming) {
+  ImmTable t(nullptr);
+  auto c = t.counter(1);
+  t.on_arrival(1);
+  auto st = c.wait(2, 20ms);
+  EXPECT_EQ(st.code(), Code::kDeadlineExceeded);
+  EXPECT_EQ(c.value(), 1);
+}
+
+TEST(ImmCounter, WaiterWakesWhenArrivalsComeFromAnotherThread) {
+  ImmTable t(nullptr);
+  auto c = t.counter(4);
+  std::thread producer([&] {
+    for (int i = 0; i < 100000; ++i) t.on_arrival(4);
+  });
+  EXPECT_TRUE(c.wait(100000, 30s).is_ok());
+  producer.join();
+  EXPECT_EQ(c.value(), 0);
+}
+
+TEST(ImmTable, ExpectedCountFiresExactlyOncePerCountAcrossThreads) {
+  ImmTable t(nullptr);
+  CallbackThread cb(&t, -1);
+  t.set_callbacks(&cb);
+  std::atomic<int> fired{0};
+  t.expect(9, 7, [&] { fired.fetch_add(1); });
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 4; ++w)
+    workers.emplace_back([&] {
+      for (int i = 0; i < 7000; ++i) t.on_arrival(9);
+    });
+  for (auto& w : workers) w.join();
+  cb.stop();
+  EXPECT_EQ(fired.load(), 4000);
+}
+
+TEST(ImmTable, UncountedImmediatesReachPlainCallbacks) {
+  ImmTable t(nullptr);
+  CallbackThread cb(&t, -1);
+  t.set_callbacks(&cb);
+  std::atomic<uint64_t> sum{0};
+  t.add_plain_callback([&](uint32_t imm) { sum += imm; });
+  t.on_arrival(5);
+  t.on_arrival(6);
+  cb.stop();
+  EXPECT_EQ(sum.load(), 11u);
+}
+
+}  // namespace
+}  // namespace ferry::core
