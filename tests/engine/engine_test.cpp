@@ -11,70 +11,18 @@
 #include "ferry/ferry.h"
 #include "support/engine_config.h"
 #include "support/process.h"
+#include "support/region_server.h"
 
 namespace ferry {
 namespace {
 
 using namespace std::chrono_literals;
+using test::ask;
+using test::Buffer;
 using test::Channel;
+using test::check_cmd;
 using test::Peer;
-
-struct Buffer {
-  explicit Buffer(size_t n) : data(new (std::align_val_t(4096)) uint8_t[n]()), len(n) {}
-  std::unique_ptr<uint8_t[]> data;
-  size_t len;
-  uint8_t* get() const { return data.get(); }
-};
-
-std::vector<uint8_t> to_vec(std::span<const uint8_t> s) { return {s.begin(), s.end()}; }
-
-// The peer side of most tests: registers `len` bytes, publishes its
-// descriptor and address, then serves text commands over the channel.
-int serve_region(Channel& ch, const EngineConfig& cfg, size_t len) {
-  TransferEngine e(cfg);
-  Buffer buf(len);
-  auto [h, d] = e.reg_mr(buf.get(), len);
-  ch.send(d.to_bytes());
-  std::unordered_map<uint64_t, ImmCounter> counters;
-  std::unordered_map<uint64_t, std::shared_ptr<std::atomic<int>>> fires;
-  for (;;) {
-    auto cmd = ch.recv_str(120s);
-    if (!cmd) return 10;
-    char op[16] = {};
-    unsigned long a = 0, b = 0, c = 0;
-    std::sscanf(cmd->c_str(), "%15s %lu %lu %lu", op, &a, &b, &c);
-    std::string o(op);
-    if (o == "quit") return 0;
-    if (o == "counter") {
-      counters[a] = e.imm_counter(a);
-      ch.send(std::string("ok"));
-    } else if (o == "count") {  // wait for b arrivals of imm a, report the surplus
-      Status st = counters.at(a).wait(int64_t(b), 30s);
-      ch.send(st.is_ok() ? "ok " + std::to_string(counters.at(a).value()) : st.to_string());
-    } else if (o == "expect") {  // expect_imm_count(a, b)
-      auto f = std::make_shared<std::atomic<int>>(0);
-      fires[a] = f;
-      e.expect_imm_count(a, b, [f] { f->fetch_add(1); });
-      ch.send(std::string("ok"));
-    } else if (o == "fires") {  // wait until imm a fired b times
-      auto f = fires.at(a);
-      test::wait_until([&] { return f->load() >= int(b); }, 30s);
-      ch.send("fired " + std::to_string(f->load()));
-    } else if (o == "check") {
-      int64_t bad = test::check_pattern(buf.get() + a, b, c);
-      ch.send(bad < 0 ? std::string("ok") : "mismatch at " + std::to_string(a + bad));
-    }
-  }
-}
-
-std::string ask(Channel& ch, const std::string& cmd) {
-  ch.send(cmd);
-  return ch.recv_str(90s).value_or("no answer");
-}
-
-std::string check_cmd(uint64_t off, uint64_t len, uint64_t seed) {
-  return "check " + std::to_string(off) + " " + std::to_string(len) + " " + std::to_string(seed);
-}
+using test::serve_region;
 
 class EngineTest : public ::testing::TestWithParam<std::string> {
  protected:
