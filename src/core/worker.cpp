@@ -584,16 +584,11 @@ void Worker::on_send_done(uint64_t ctx, const Status& st) {
 void Worker::maybe_finish(uint32_t idx) {
   Slot& s = slots_[idx];
   if (!s.active) return;
-  if (s.error.is_ok() || s.finished) {
-    if (s.cursors_live > 0 || s.completed < s.posted) return;
-  } else if (!s.finished) {
-    // Failed: report now, but keep the slot until posted writes drained so
-    // their completions cannot be mistaken for a new transfer's.
-    finish(s, s.error);
-    if (s.cursors_live > 0 || s.completed < s.posted) return;
-  }
+  // A failure is reported at once; the slot stays until every posted write
+  // completed, so late completions cannot be mistaken for a new transfer's.
+  if (!s.error.is_ok()) finish(s, s.error);
   if (s.cursors_live > 0 || s.completed < s.posted) return;
-  if (!s.finished) finish(s, s.error);
+  finish(s, s.error);
   if (auto* send = std::get_if<SendReq>(&s.req)) shared_->send_free->enqueue(send->buffer);
   s.active = false;
   s.req = Request{};

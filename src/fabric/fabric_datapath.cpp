@@ -29,7 +29,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
+#include "core/log.h"
 
 #include "fabric/fabric_domain_impl.h"
 
@@ -111,7 +111,7 @@ core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writ
     ssize_t ret = fi_writemsg(ep_, &msg_, flags);
     if (ret == -FI_EINVAL && no_iov) {
       // Remember the provider's preference and retry with an empty iovec.
-      spdlog::debug("fabric NIC '{}': zero-length write needs a 1-entry iovec", res_->nic_name);
+      core::log().debug("fabric NIC '{}': zero-length write needs a 1-entry iovec", res_->nic_name);
       zero_len_needs_iov_ = true;
       msg_.msg_iov = &iov_;
       msg_.desc = desc_;
@@ -197,7 +197,7 @@ size_t FabricDomain::retry_reposts(std::span<core::Completion> out) {
         out[n].status = post_error("fi_recv (re-post after remote CQ data)", ret);
         ++n;
       } else {
-        spdlog::warn("fabric NIC '{}': internal receive re-post failed: {}", res_->nic_name,
+        core::log().warn("fabric NIC '{}': internal receive re-post failed: {}", res_->nic_name,
                      fi_strerror(static_cast<int>(-ret)));
       }
       pool_->release(op);
@@ -219,7 +219,7 @@ bool FabricDomain::map_completion(const fi_cq_data_entry& e, core::Completion* o
     return true;
   }
   if (op == nullptr || op->kind == OpKind::kFree) {
-    spdlog::warn("fabric NIC '{}': completion with unknown context {} flags {:#x} ignored",
+    core::log().warn("fabric NIC '{}': completion with unknown context {} flags {:#x} ignored",
                  res_->nic_name, e.op_context, e.flags);
     return false;
   }
@@ -252,7 +252,7 @@ int FabricDomain::map_error(core::Completion* out) {
   const ssize_t ret = fi_cq_readerr(cq_, &err, 0);
   if (ret < 0) {
     if (ret != -FI_EAGAIN) {
-      spdlog::warn("fabric NIC '{}': fi_cq_readerr failed: {}", res_->nic_name,
+      core::log().warn("fabric NIC '{}': fi_cq_readerr failed: {}", res_->nic_name,
                    fi_strerror(static_cast<int>(-ret)));
     }
     return -1;
@@ -281,7 +281,7 @@ int FabricDomain::map_error(core::Completion* out) {
   if (op->kind == OpKind::kInternalRecv) {
     // Cancelled on close, or a truncated message: keep the receive posted.
     if (err.err != FI_ECANCELED) {
-      spdlog::warn("{}", status.message());
+      core::log().warn("{}", status.message());
       repost_or_defer(op);
     } else {
       pool_->release(op);
@@ -317,7 +317,7 @@ size_t FabricDomain::poll(std::span<core::Completion> out) {
     }
     if (!cq_failure_logged_) {
       cq_failure_logged_ = true;
-      spdlog::error("fabric NIC '{}': fi_cq_read failed: {} ({})", res_->nic_name,
+      core::log().error("fabric NIC '{}': fi_cq_read failed: {} ({})", res_->nic_name,
                     fi_strerror(static_cast<int>(-ret)), ret);
     }
     break;

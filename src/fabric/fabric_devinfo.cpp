@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include <spdlog/spdlog.h>
+#include "core/log.h"
 
 #include "fabric/fabric_domain.h"
 #include "fabric/fabric_domain_impl.h"
@@ -92,7 +92,7 @@ std::vector<FabricNicInfo> list_fabric_nics(const std::string& provider) {
   int ret = 0;
   InfoPtr list = query(provider, /*hmem=*/false, &ret);
   if (!list) {
-    spdlog::debug("ferry fabric: fi_getinfo(provider '{}') found nothing: {}", provider,
+    core::log().debug("ferry fabric: fi_getinfo(provider '{}') found nothing: {}", provider,
                   fi_strerror(-ret));
     return nics;
   }

@@ -5,6 +5,8 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -14,7 +16,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <spdlog/spdlog.h>
+#include "core/log.h"
 
 #include "fabric/fabric_domain.h"
 #include "fabric/fabric_domain_impl.h"
@@ -287,7 +289,7 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
   d->info_.max_msg_size = info->ep_attr != nullptr ? info->ep_attr->max_msg_size : 0;
   d->info_.transport = Transport::kFabric;
 
-  spdlog::info(
+  core::log().info(
       "ferry fabric: opened provider={} fabric={} domain={} mr_mode={} mode={:#x} "
       "cq_data_size={} wait_fd={} ops={}{}",
       d->info_.provider, d->info_.fabric, nic, mr_mode_string(d->res_->mr_mode), info->mode,
@@ -406,6 +408,19 @@ const char* FabricDomain::foreign_address(std::span<const uint8_t> raw) const {
   return raw.size() != address_.size() ? "length differs" : nullptr;
 }
 
+// The shm provider of libfabric 1.17 maps a peer's region on first use and
+// crashes the process when that region is gone. A peer whose region does not
+// exist (it exited) is therefore refused before it reaches the provider.
+const char* FabricDomain::missing_shm_peer(std::span<const uint8_t> raw) const {
+  static constexpr std::string_view kScheme = "fi_shm://";
+  const size_t len = strnlen(reinterpret_cast<const char*>(raw.data()), raw.size());
+  std::string_view name(reinterpret_cast<const char*>(raw.data()), len);
+  if (info_.provider != "shm" || !name.starts_with(kScheme)) return nullptr;
+  std::string path = "/dev/shm/" + std::string(name.substr(kScheme.size()));
+  if (::access(path.c_str(), F_OK) != 0) return "its shared-memory region is gone (peer exited)";
+  return nullptr;
+}
+
 core::PeerId FabricDomain::add_peer(std::span<const uint8_t> raw, Status* error) {
   const std::string& nic = res_->nic_name;
   if (raw.empty() || raw.size() > NetAddr::kMaxRawSize) {
@@ -419,6 +434,14 @@ core::PeerId FabricDomain::add_peer(std::span<const uint8_t> raw, Status* error)
                             fmt::format("fabric NIC '{}': fi_av_insert: not a {} address of "
                                         "this NIC's format ({}; {} bytes, ours {})",
                                         nic, info_.provider, why, raw.size(), address_.size())));
+    return 0;
+  }
+  if (const char* gone = missing_shm_peer(raw); gone != nullptr) {
+    set_error(error, Status(Code::kUnavailable,
+                            fmt::format("fabric NIC '{}': peer {}: {}", nic,
+                                        std::string(reinterpret_cast<const char*>(raw.data()),
+                                                     strnlen(reinterpret_cast<const char*>(raw.data()), raw.size())),
+                                        gone)));
     return 0;
   }
   std::string key(reinterpret_cast<const char*>(raw.data()), raw.size());
@@ -450,7 +473,7 @@ void FabricDomain::remove_peer(core::PeerId peer) {
     fi_addr_t addr = peer;
     const int ret = fi_av_remove(res_->av.get(), &addr, 1, 0);
     if (ret != 0) {
-      spdlog::warn("fabric NIC '{}': fi_av_remove failed: {} ({})", res_->nic_name,
+      core::log().warn("fabric NIC '{}': fi_av_remove failed: {} ({})", res_->nic_name,
                    fi_strerror(-ret), ret);
     }
     peers_.erase(it);

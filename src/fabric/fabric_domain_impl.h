@@ -93,12 +93,12 @@ struct FabricResources {
 class FabricMr final : public core::DomainMr {
  public:
   FabricMr(std::shared_ptr<FabricResources> res, FidPtr<fid_mr> mr)
-      : mr_(std::move(mr)), res_(std::move(res)) {}
-  ~FabricMr() override { mr_.reset(); }  // before res_ can drop the domain
+      : res_(std::move(res)), mr_(std::move(mr)) {}
 
  private:
-  FidPtr<fid_mr> mr_;
+  // Declared first so it is released last: the MR closes before the domain.
   std::shared_ptr<FabricResources> res_;
+  FidPtr<fid_mr> mr_;
 };
 
 class FabricDomain final : public core::Domain {
@@ -126,6 +126,7 @@ class FabricDomain final : public core::Domain {
  private:
   FabricDomain() = default;
 
+  const char* missing_shm_peer(std::span<const uint8_t> raw) const;
   const char* foreign_address(std::span<const uint8_t> raw) const;
   Status post_error(const char* call, ssize_t ret) const;
   // Posts (or re-posts) the receive described by `entry`.

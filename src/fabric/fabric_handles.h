@@ -9,7 +9,7 @@
 
 #include <memory>
 
-#include <spdlog/spdlog.h>
+#include "core/log.h"
 
 namespace ferry::fabric {
 
@@ -39,7 +39,7 @@ struct FidCloser {
   void operator()(T* obj) const noexcept {
     const int ret = fi_close(&obj->fid);
     if (ret != 0) {
-      spdlog::warn("ferry fabric: fi_close({}) failed: {} ({})", fid_kind_name(obj),
+      core::log().warn("ferry fabric: fi_close({}) failed: {} ({})", fid_kind_name(obj),
                    fi_strerror(-ret), ret);
     }
   }

@@ -102,6 +102,13 @@ TEST_P(MisuseTest, UnreachablePeerFailsTheTransferWithinTheDeadline) {
     dead_desc = dead.reg_mr(other.data(), other.size()).second;
     dead_addr = dead.main_address();
   }  // stopped and gone: nobody listens at that address any more
+  // tcp retries connecting until the deadline; shm refuses the peer at once.
+  auto cfg = test::config_for(GetParam());
+  cfg.default_deadline = 3s;
+  engine_ = std::make_unique<TransferEngine>(cfg);
+  std::tie(h_, d_) = engine_->reg_mr(buf_.data(), buf_.size());
+  counter_ = engine_->imm_counter(77);
+  auto t0 = std::chrono::steady_clock::now();
   std::atomic<bool> done{false}, failed{false};
   engine_->submit_single_write(64, 77, h_, 0, dead_desc, 0, OnDone::flag(done, &failed));
   ASSERT_TRUE(test::wait_until([&] { return done.load(); }, 40s));
@@ -114,6 +121,7 @@ TEST_P(MisuseTest, UnreachablePeerFailsTheTransferWithinTheDeadline) {
   });
   ASSERT_TRUE(test::wait_until([&] { return send_done.load(); }, 40s));
   EXPECT_FALSE(send_status.is_ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "errors must arrive within the deadline";
   EXPECT_EQ(counter_.value(), 0);
 }
 

@@ -14,4 +14,4 @@ target_include_directories(topo_test PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}            # topo_fixtures.h
   ${CMAKE_CURRENT_LIST_DIR}/../../src) # topo/topology.h (internal header)
 target_link_libraries(topo_test PRIVATE ferry::ferry GTest::gtest_main)
-gtest_discover_tests(topo_test DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "unit;topo")
+gtest_discover_tests(topo_test DISCOVERY_TIMEOUT 60 PROPERTIES LABELS unit)

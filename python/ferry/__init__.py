@@ -1,0 +1,96 @@
+"""ferry: RDMA-style transfers (one-sided writes with 32-bit immediates, send/recv) over libfabric.
+
+A short tour (two processes; see docs/PYTHON.md)::
+
+    import numpy as np, ferry
+
+    with ferry.TransferEngine("tcp;ofi_rxm", nics=["lo"]) as e:
+        buf = np.zeros(1 << 20, dtype=np.uint8)
+        handle, desc = e.register(buf)          # desc: send it to the peer (pickle/bytes/hex)
+        counter = e.imm_counter(7)
+        ...                                     # the peer: e.submit_write(h, 0, n, desc, 0, imm=7)
+        counter.wait(1, timeout=10)             # data visible once the immediate arrived
+
+Completion: every submit_* returns a :class:`Transfer` (a concurrent.futures.Future that is
+also awaitable) and accepts ``on_done=callable(error_or_None)``; bulk users may pass
+``counter=ferry.TransferCounter()`` instead (no Python on the completion path).
+Errors are :class:`FerryError` subclasses (``InvalidArgument``, ``NotFound``, ``Timeout``...).
+"""
+
+from __future__ import annotations
+
+import os as _os
+
+# The C++ library logs through spdlog at level FERRY_LOG (trace..off); keep Python
+# programs quiet unless asked (FERRY_LOG=info shows provider and worker set-up).
+_os.environ.setdefault("FERRY_LOG", "warn")
+
+from . import _ferry  # noqa: E402
+from ._engine import Group, Transfer, TransferEngine
+from ._errors import (
+    Aborted,
+    AlreadyExists,
+    Cancelled,
+    DeadlineExceeded,
+    FailedPrecondition,
+    FerryError,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    OutOfRange,
+    ResourceExhausted,
+    Timeout,
+    Unavailable,
+    Unimplemented,
+)
+from ._ferry import (
+    GroupRoute,
+    ImmCounter,
+    ImmPlan,
+    MrDesc,
+    MrHandle,
+    NetAddr,
+    ScatterDst,
+    TransferCounter,
+    WriteRoute,
+)
+
+__version__: str = _ferry.__version__
+"""The package version (from include/ferry/version.h)."""
+
+
+def build_info() -> dict:
+    """Version and build options of the extension (CUDA built, libfabric and nanobind versions)."""
+    return dict(_ferry.build_info())
+
+
+__all__ = [
+    "__version__",
+    "build_info",
+    "TransferEngine",
+    "Transfer",
+    "Group",
+    "NetAddr",
+    "MrDesc",
+    "MrHandle",
+    "ScatterDst",
+    "WriteRoute",
+    "GroupRoute",
+    "ImmCounter",
+    "ImmPlan",
+    "TransferCounter",
+    "FerryError",
+    "Cancelled",
+    "InvalidArgument",
+    "Timeout",
+    "DeadlineExceeded",
+    "NotFound",
+    "AlreadyExists",
+    "ResourceExhausted",
+    "FailedPrecondition",
+    "OutOfRange",
+    "Unimplemented",
+    "Internal",
+    "Unavailable",
+    "Aborted",
+]

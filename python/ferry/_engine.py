@@ -1,0 +1,504 @@
+"""The Python face of ferry::TransferEngine (see ferry/__init__.py for the tour)."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import logging
+import threading
+import weakref
+from typing import Any, Callable, Generator, Iterable, Optional, Sequence, Union
+
+from . import _ferry
+from ._errors import BY_CODE, FailedPrecondition, FerryError, InvalidArgument, Timeout
+from ._ferry import (
+    GroupRoute,
+    ImmCounter,
+    MrDesc,
+    MrHandle,
+    NetAddr,
+    ScatterDst,
+    TransferCounter,
+    WriteRoute,
+)
+
+__all__ = ["TransferEngine", "Transfer", "Group", "OnDone", "PageList"]
+
+log = logging.getLogger("ferry")
+
+OnDone = Callable[[Optional[FerryError]], Any]
+"""on_done(error): error is None on success, else the ferry exception."""
+
+PageList = Any
+"""1-D int32/uint32/int64 array (NumPy, torch CPU, DLPack, buffer protocol) or a list of ints."""
+
+
+def _report_callback_error(where: str, exc: BaseException) -> None:
+    log.error(
+        "exception in a ferry %s (the engine keeps running)",
+        where,
+        exc_info=(type(exc), exc, exc.__traceback__),
+    )
+
+
+_ferry._set_error_classes(dict(BY_CODE))
+_ferry._set_callback_error_hook(_report_callback_error)
+
+
+class Transfer(concurrent.futures.Future):
+    """Completion handle of one submitted transfer (a ``concurrent.futures.Future``).
+
+    It resolves on the engine's callback thread once all local work is done
+    (the NICs reported every piece): ``result()`` returns None or raises the
+    ferry exception (``ferry.Unavailable``, ``ferry.Timeout``, ...). Remote
+    visibility is signalled only by immediates. A transfer cannot be
+    cancelled (``cancel()`` returns False). It is awaitable:
+    ``await engine.submit_write(...)``; ``asyncio.wrap_future(t)`` works too.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_running_or_notify_cancel()  # running from the start: cancel() is refused
+        self.id: int = 0  #: the engine's transfer id
+
+    def _check_wait(self) -> None:
+        if not self.done() and _ferry.in_callback():
+            raise FailedPrecondition(
+                "waiting for a transfer inside a ferry callback would block the callback "
+                "thread that completes it; use add_done_callback or on_done instead"
+            )
+
+    def result(self, timeout: Optional[float] = None) -> None:
+        """Wait up to `timeout` seconds (None: forever) for the transfer; raise its error.
+
+        Raises ferry.Timeout (a TimeoutError) when it is still running at the deadline.
+        """
+        self._check_wait()
+        try:
+            return super().result(timeout)
+        except concurrent.futures.TimeoutError:
+            if self.done():  # the transfer itself failed with a timeout-like error
+                raise
+            raise Timeout(f"transfer {self.id} still running after {timeout} s") from None
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        """Wait like result(); return the transfer's error or None."""
+        self._check_wait()
+        try:
+            return super().exception(timeout)
+        except concurrent.futures.TimeoutError:
+            raise Timeout(f"transfer {self.id} still running after {timeout} s") from None
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Alias of result(timeout)."""
+        return self.result(timeout)
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return asyncio.wrap_future(self).__await__()
+
+    def __repr__(self) -> str:
+        return f"<Transfer id={self.id} {self._state.lower()}>"
+
+
+class Group:
+    """One worker thread and its NICs, serving one device (advanced; see TransferEngine)."""
+
+    def __init__(self, device: str = "cpu", nics: Optional[Sequence[str]] = None, worker_cpu: int = -1):
+        self.device = device
+        self.nics = list(nics or [])
+        self.worker_cpu = worker_cpu
+
+    def __repr__(self) -> str:
+        return f"Group(device={self.device!r}, nics={self.nics!r}, worker_cpu={self.worker_cpu})"
+
+
+_live_engines: "weakref.WeakSet[TransferEngine]" = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_all_engines() -> None:
+    # Before the interpreter finalises: the callback thread must not try to take
+    # the GIL of a dying interpreter.
+    with _live_lock:
+        engines = list(_live_engines)
+    for e in engines:
+        try:
+            e.stop()
+        except Exception:  # pragma: no cover
+            log.exception("stopping a ferry engine at exit failed")
+
+
+def _desc_list(dsts: Iterable[Any]) -> list:
+    out = []
+    for d in dsts:
+        if isinstance(d, ScatterDst):
+            out.append(d)
+        elif isinstance(d, (tuple, list)) and len(d) in (3, 4):
+            out.append(ScatterDst(*d))
+        else:
+            raise InvalidArgument(
+                f"scatter targets must be ScatterDst or (length, src_offset, dst, dst_offset) "
+                f"tuples, got {type(d).__name__}"
+            )
+    return out
+
+
+class TransferEngine:
+    """RDMA-style transfers (one-sided writes with 32-bit immediates, send/recv).
+
+    Args:
+        provider: libfabric provider ("efa", "tcp;ofi_rxm", "shm", ...). None uses the
+            FERRY_PROVIDER environment variable, else "efa".
+        nics: NIC (libfabric domain) names of the host group, e.g. ["lo"] for tcp or
+            ["shm"]; None takes the first `nics_per_group` domains the provider reports.
+            Naming a NIC twice opens two endpoints on it.
+        nics_per_group: NICs per group when `nics` is None.
+        worker_cpu: core to pin the worker thread to (-1: no pinning).
+        callback_cpu: core to pin the callback thread to (-1: no pinning).
+        poll_mode: "adaptive" (spin, then block; default) or "busy" (spin forever).
+        default_timeout: deadline in seconds for transfers and sends (None: none).
+        groups: advanced: a list of ferry.Group (one per device, e.g. per GPU); replaces
+            nics/worker_cpu.
+        send_buffer_size, send_buffer_count: the pool that copies submit_send payloads.
+
+    Use it as a context manager, or call stop(): ``with TransferEngine(...) as e: ...``.
+    Callbacks (on_done, receive, immediates) run on the engine's callback thread with the
+    GIL held; an exception they raise is logged on the "ferry" logger and counted in
+    `callback_errors`, it never stops the engine.
+    """
+
+    def __init__(
+        self,
+        provider: Optional[str] = None,
+        nics: Optional[Sequence[str]] = None,
+        nics_per_group: int = 1,
+        worker_cpu: int = -1,
+        callback_cpu: int = -1,
+        poll_mode: str = "adaptive",
+        default_timeout: Optional[float] = None,
+        *,
+        groups: Optional[Sequence[Group]] = None,
+        send_buffer_size: int = 64 << 10,
+        send_buffer_count: int = 256,
+    ) -> None:
+        if poll_mode not in ("adaptive", "busy"):
+            raise InvalidArgument(f"poll_mode must be 'adaptive' or 'busy', got {poll_mode!r}")
+        if isinstance(nics, str):
+            nics = [nics]
+        if groups is None:
+            groups = [Group("cpu", nics, worker_cpu)]
+        elif nics is not None or worker_cpu != -1:
+            raise InvalidArgument("pass either groups= or nics=/worker_cpu=, not both")
+        specs = [_ferry._GroupSpec(g.device, list(g.nics), g.worker_cpu) for g in groups]
+        self._e = _ferry.Engine(
+            provider or "",
+            specs,
+            nics_per_group,
+            poll_mode == "busy",
+            callback_cpu,
+            float(default_timeout or 0.0),
+            send_buffer_size,
+            send_buffer_count,
+        )
+        with _live_lock:
+            _live_engines.add(self)
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def main_address(self) -> NetAddr:
+        """Address of NIC 0 of group 0: what peers pass to submit_send."""
+        return self._e.main_address
+
+    @property
+    def addresses(self) -> list[NetAddr]:
+        """Addresses of every NIC of group 0 (see group_addresses for the others)."""
+        return self._e.addresses(0)
+
+    def group_addresses(self, group: int) -> list[NetAddr]:
+        """Addresses of every NIC of one group."""
+        return self._e.addresses(group)
+
+    @property
+    def num_groups(self) -> int:
+        """Number of groups (worker threads)."""
+        return self._e.num_groups
+
+    @property
+    def nics_per_group(self) -> int:
+        """NICs in every group."""
+        return self._e.nics_per_group
+
+    @property
+    def provider(self) -> str:
+        """The libfabric provider in use."""
+        return self._e.provider
+
+    @property
+    def incarnation(self) -> int:
+        """Random id of this engine run (part of every address and descriptor)."""
+        return self._e.incarnation
+
+    @property
+    def callback_errors(self) -> int:
+        """Number of exceptions raised by user callbacks so far (each one was logged)."""
+        return self._e.callback_errors
+
+    @property
+    def stopped(self) -> bool:
+        """True after stop()."""
+        return self._e.stopped
+
+    # ------------------------------------------------------------------ memory
+
+    def register(self, obj: Any, writable: bool = True) -> tuple[MrHandle, MrDesc]:
+        """Register a buffer for one-sided transfers; returns (handle, descriptor).
+
+        `obj` is anything exposing DLPack (``__dlpack__``: torch tensors on CPU or CUDA,
+        CuPy, NumPy >= 1.22) or the buffer protocol (NumPy, bytearray, memoryview, mmap).
+        It must be C-contiguous (else InvalidArgument). A read-only buffer is refused
+        unless ``writable=False`` (it may then only be a source of writes; peers must not
+        be given its descriptor as a target). The handle keeps `obj` alive until
+        unregister() or stop(). Send the descriptor to peers (pickle, bytes(), hex()).
+        """
+        ptr, nbytes, device, readonly, contiguous = _ferry.describe_buffer(obj)
+        if not contiguous:
+            raise InvalidArgument(
+                f"cannot register a non-contiguous {type(obj).__name__}: registered memory must "
+                "be C-contiguous (copy it first, e.g. numpy.ascontiguousarray or tensor.contiguous())"
+            )
+        if readonly and writable:
+            raise InvalidArgument(
+                f"cannot register a read-only {type(obj).__name__} as a write target: pass "
+                "writable=False to use it only as a source"
+            )
+        return self._e.register_memory(ptr, nbytes, device, obj, writable)
+
+    def register_memory(
+        self, ptr: int, length: int, device: str = "cpu", *, owner: Any = None
+    ) -> tuple[MrHandle, MrDesc]:
+        """Register raw memory [ptr, ptr+length) on "cpu" or "cuda:N".
+
+        `owner` (optional) is kept alive until unregister(); the caller guarantees the
+        memory stays valid while registered.
+        """
+        return self._e.register_memory(ptr, length, device, owner, True)
+
+    def unregister(self, handle: MrHandle) -> None:
+        """Deregister a region (raises NotFound if it is not registered)."""
+        self._e.unregister(handle)
+
+    # ------------------------------------------------------------------ two-sided
+
+    def submit_send(
+        self,
+        addr: NetAddr,
+        data: Any,
+        on_done: Optional[OnDone] = None,
+        *,
+        counter: Optional[TransferCounter] = None,
+    ) -> Optional[Transfer]:
+        """Send a message (bytes-like; copied at once, so `data` may be reused) to `addr`.
+
+        The peer must have posted receives (submit_recvs) at least as large.
+        """
+        if counter is not None:
+            self._e.submit_send(addr, data, None, on_done, counter)
+            return None
+        t = Transfer()
+        t.id = self._e.submit_send(addr, data, t, on_done, None)
+        return t
+
+    def submit_recvs(self, length: int, count: int, callback: Callable[[memoryview], Any]) -> None:
+        """Post `count` receive buffers of `length` bytes; callback(message) runs per message.
+
+        The memoryview is only valid during the callback (its buffer is re-posted right
+        after): keep a copy with ``bytes(m)`` or ``numpy.array(m)``, never the view.
+        """
+        self._e.submit_recvs(length, count, callback)
+
+    # ------------------------------------------------------------------ one-sided
+
+    def submit_write(
+        self,
+        src: MrHandle,
+        src_offset: int,
+        length: int,
+        dst: MrDesc,
+        dst_offset: int = 0,
+        imm: Optional[int] = None,
+        route: Optional[WriteRoute] = None,
+        on_done: Optional[OnDone] = None,
+        *,
+        counter: Optional[TransferCounter] = None,
+    ) -> Optional[Transfer]:
+        """Write `length` bytes from src[src_offset:] to dst[dst_offset:], then `imm` (if given).
+
+        The receiver counts `imm` once per piece (ferry.ImmPlan); with the default route
+        that is one immediate unless the group has several NICs. Returns a Transfer
+        (None when counter= is given).
+        """
+        r = route if route is not None else _SPLIT
+        if counter is not None:
+            self._e.submit_write(src, src_offset, length, dst, dst_offset, imm, r, None, on_done, counter)
+            return None
+        t = Transfer()
+        t.id = self._e.submit_write(src, src_offset, length, dst, dst_offset, imm, r, t, on_done, None)
+        return t
+
+    def submit_paged_writes(
+        self,
+        page_len: int,
+        src: MrHandle,
+        src_pages: PageList,
+        src_stride: int,
+        src_offset: int,
+        dst: MrDesc,
+        dst_pages: PageList,
+        dst_stride: int,
+        dst_offset: int = 0,
+        imm: Optional[int] = None,
+        on_done: Optional[OnDone] = None,
+        *,
+        counter: Optional[TransferCounter] = None,
+    ) -> Optional[Transfer]:
+        """Write page i: src[src_offset + src_pages[i]*src_stride : +page_len] to the same
+        place of dst computed from dst_pages[i], dst_stride and dst_offset.
+
+        Page lists are 1-D int32/uint32/int64 arrays (NumPy, torch CPU, DLPack) copied into
+        C++ with one memcpy (no per-page Python objects); lists of ints are accepted too.
+        The receiver gets one `imm` per page.
+        """
+        if counter is not None:
+            self._e.submit_paged_writes(
+                page_len, src, src_pages, src_stride, src_offset, dst, dst_pages, dst_stride,
+                dst_offset, imm, None, on_done, counter,
+            )
+            return None
+        t = Transfer()
+        t.id = self._e.submit_paged_writes(
+            page_len, src, src_pages, src_stride, src_offset, dst, dst_pages, dst_stride,
+            dst_offset, imm, t, on_done, None,
+        )
+        return t
+
+    def submit_imm(
+        self,
+        imm: int,
+        dst: MrDesc,
+        route: Optional[WriteRoute] = None,
+        on_done: Optional[OnDone] = None,
+        *,
+        counter: Optional[TransferCounter] = None,
+    ) -> Optional[Transfer]:
+        """A zero-byte write carrying only the immediate `imm` to the owner of `dst`."""
+        r = route if route is not None else _PINNED0
+        if counter is not None:
+            self._e.submit_imm(imm, dst, r, None, on_done, counter)
+            return None
+        t = Transfer()
+        t.id = self._e.submit_imm(imm, dst, r, t, on_done, None)
+        return t
+
+    # ------------------------------------------------------------------ peer groups
+
+    def add_peer_group(self, peers: Union[Sequence[MrDesc], Sequence[Sequence[NetAddr]]]) -> int:
+        """Declare a set of peers (their descriptors, or every NIC address of each peer);
+        returns a handle for submit_scatter/submit_barrier. Idempotent."""
+        peers = list(peers)
+        if peers and isinstance(peers[0], MrDesc):
+            return self._e.add_peer_group(peers)
+        return self._e.add_peer_group([list(p) for p in peers])
+
+    def submit_scatter(
+        self,
+        src: MrHandle,
+        dsts: Iterable[Union[ScatterDst, tuple]],
+        imm: Optional[int] = None,
+        group: Optional[int] = None,
+        route: Optional[GroupRoute] = None,
+        on_done: Optional[OnDone] = None,
+        *,
+        counter: Optional[TransferCounter] = None,
+    ) -> Optional[Transfer]:
+        """Write one slice of `src` to each target: ScatterDst(length, src_offset, dst,
+        dst_offset) or an equivalent tuple. `group` is an add_peer_group handle (optional)."""
+        d = _desc_list(dsts)
+        r = route if route is not None else _SHARD_PEERS
+        if counter is not None:
+            self._e.submit_scatter(src, d, imm, group, r, None, on_done, counter)
+            return None
+        t = Transfer()
+        t.id = self._e.submit_scatter(src, d, imm, group, r, t, on_done, None)
+        return t
+
+    def submit_barrier(
+        self,
+        imm: int,
+        dsts: Iterable[MrDesc],
+        group: Optional[int] = None,
+        route: Optional[GroupRoute] = None,
+        on_done: Optional[OnDone] = None,
+        *,
+        counter: Optional[TransferCounter] = None,
+    ) -> Optional[Transfer]:
+        """Send the immediate `imm` once to the owner of every descriptor in `dsts`."""
+        d = list(dsts)
+        r = route if route is not None else _SHARD_PEERS
+        if counter is not None:
+            self._e.submit_barrier(imm, d, group, r, None, on_done, counter)
+            return None
+        t = Transfer()
+        t.id = self._e.submit_barrier(imm, d, group, r, t, on_done, None)
+        return t
+
+    # ------------------------------------------------------------------ immediates
+
+    def expect_imm_count(self, imm: int, count: int, callback: Callable[[], Any]) -> None:
+        """Call callback() on the callback thread each time `count` immediates `imm` arrived.
+
+        Replaces an earlier expectation or counter for `imm`.
+        """
+        self._e.expect_imm_count(imm, count, callback)
+
+    def remove_imm_count(self, imm: int) -> None:
+        """Stop counting `imm` (NotFound if it is not counted)."""
+        self._e.remove_imm_count(imm)
+
+    def imm_counter(self, imm: int) -> ImmCounter:
+        """A counter of arrivals of `imm`: value, try_consume(n), wait(n, timeout)."""
+        return self._e.imm_counter(imm)
+
+    def on_imm(self, callback: Callable[[int], Any]) -> None:
+        """callback(imm) for every immediate that no counter or expectation takes."""
+        self._e.on_imm(callback)
+
+    # ------------------------------------------------------------------ lifetime
+
+    def stop(self) -> None:
+        """Stop the workers and the callback thread; outstanding transfers fail with
+        ferry.Cancelled. Registered objects are released. Idempotent; not allowed from a
+        callback."""
+        self._e.stop()
+        with _live_lock:
+            _live_engines.discard(self)
+
+    def __enter__(self) -> "TransferEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self.stopped else "running"
+        return (
+            f"<ferry.TransferEngine {self.provider!r} {self.num_groups} group(s) x "
+            f"{self.nics_per_group} NIC(s) {self.main_address!r} {state}>"
+        )
+
+
+_SPLIT = WriteRoute.split()
+_PINNED0 = WriteRoute.pinned(0)
+_SHARD_PEERS = GroupRoute.shard_peers()

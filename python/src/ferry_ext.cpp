@@ -1,0 +1,1190 @@
+// ferry._ferry: the nanobind layer of the Python package. It converts types and
+// bridges threads (the GIL and the engine's callback thread); transfer logic
+// stays in the C++ library, Python conveniences live in python/ferry/*.py.
+//
+// Threading rules kept here:
+//  * every call into the engine runs with the GIL released;
+//  * user callbacks run on the engine's callback thread, which takes the GIL
+//    for each one (keeping one Python thread state for its whole life);
+//  * Python objects captured by C++ callbacks are held by PyRef, whose
+//    destructor takes the GIL when needed, so they can die on any thread;
+//  * stop() releases the GIL while the callback thread drains.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_errno.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ferry/ferry.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace ferry::py {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ------------------------------------------------------------------ interpreter state
+
+bool interpreter_alive() {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  return Py_IsInitialized() && !finalizing && nb::is_alive();
+}
+
+// Depth of ferry callbacks running on this thread (the engine's callback thread).
+thread_local int t_callback_depth = 0;
+
+// Takes the GIL on the callback thread. The first use pins a thread state for
+// the thread's lifetime (one extra PyGILState_Ensure never released), so later
+// callbacks only swap the GIL instead of creating and deleting thread states.
+class CallbackGil {
+ public:
+  CallbackGil() : ok_(interpreter_alive()) {
+    if (!ok_) return;
+    state_ = PyGILState_Ensure();
+    static thread_local const bool pinned = (PyGILState_Ensure(), true);
+    (void)pinned;
+  }
+  ~CallbackGil() {
+    if (ok_) PyGILState_Release(state_);
+  }
+  CallbackGil(const CallbackGil&) = delete;
+  CallbackGil& operator=(const CallbackGil&) = delete;
+  explicit operator bool() const { return ok_; }
+
+ private:
+  bool ok_;
+  PyGILState_STATE state_{};
+};
+
+// An owned reference that may be released on any thread.
+class PyRef {
+ public:
+  PyRef() = default;
+  explicit PyRef(nb::handle h) : p_(h.is_valid() && !h.is_none() ? h.inc_ref().ptr() : nullptr) {}
+  PyRef(PyRef&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  PyRef& operator=(PyRef&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  PyRef(const PyRef&) = delete;
+  PyRef& operator=(const PyRef&) = delete;
+  ~PyRef() { reset(); }
+
+  void reset() {
+    PyObject* p = std::exchange(p_, nullptr);
+    if (p == nullptr) return;
+    if (PyGILState_Check()) {
+      Py_DECREF(p);
+    } else if (interpreter_alive()) {
+      PyGILState_STATE s = PyGILState_Ensure();
+      Py_DECREF(p);
+      PyGILState_Release(s);
+    }  // else: the interpreter is gone, leak it
+  }
+  nb::handle get() const { return p_; }
+  explicit operator bool() const { return p_ != nullptr; }
+
+ private:
+  PyObject* p_ = nullptr;
+};
+
+// ------------------------------------------------------------------ errors
+
+// Exception classes are defined in Python (ferry/_errors.py: multiple
+// inheritance such as InvalidArgument(FerryError, ValueError)) and handed over
+// at import. Deliberately leaked references: they live as long as the module.
+PyObject* g_error_classes = nullptr;  // dict: code name -> class
+PyObject* g_error_hook = nullptr;     // callable(where: str, exc: BaseException)
+
+nb::object make_error(const Status& s) {
+  std::string_view name = code_name(s.code());
+  nb::str code(name.data(), name.size());
+  PyObject* cls = g_error_classes ? PyDict_GetItem(g_error_classes, code.ptr()) : nullptr;
+  if (cls == nullptr) cls = PyExc_RuntimeError;
+  nb::object exc = nb::handle(cls)(nb::str(s.message().c_str()));
+  exc.attr("code") = code;
+  return exc;
+}
+
+[[noreturn]] void invalid(std::string msg) { throw Error(Code::kInvalidArgument, std::move(msg)); }
+
+// Per-engine state that callbacks reach; outlives the engine object if a
+// callback is still queued when it goes.
+struct Shared {
+  std::atomic<uint64_t> callback_errors{0};
+};
+
+// Reports the pending Python error of a failed user callback (GIL held).
+void report_current(Shared& sh, const char* where) {
+  sh.callback_errors.fetch_add(1, std::memory_order_relaxed);
+  nb::python_error err;  // fetches and clears the error indicator
+  if (g_error_hook == nullptr) {
+    err.discard_as_unraisable(where);
+    return;
+  }
+  try {
+    nb::handle hook(g_error_hook);
+    hook(where, err.value());
+  } catch (nb::python_error& e2) {
+    e2.discard_as_unraisable(where);
+  }
+}
+
+// Runs f (a user callback) on the callback thread with the GIL held; an
+// exception is logged through the hook and counted, never propagated.
+template <typename F>
+void run_py(Shared& sh, const char* where, F&& f) {
+  CallbackGil gil;
+  if (!gil) return;
+  ++t_callback_depth;
+  try {
+    f();
+  } catch (nb::python_error& e) {
+    e.restore();
+    report_current(sh, where);
+  } catch (const Error& e) {
+    try {
+      nb::object exc = make_error(e.status());
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    } catch (nb::python_error& e2) {
+      e2.restore();
+    }
+    report_current(sh, where);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    report_current(sh, where);
+  }
+  --t_callback_depth;
+}
+
+// A long-lived Python callback (receive, immediate); cleared by stop() so that
+// a callback referring to its engine does not keep a cycle alive.
+struct Slot {
+  PyRef fn;
+};
+
+// ------------------------------------------------------------------ conversions
+
+Device parse_device(std::string_view s) {
+  if (s == "cpu" || s == "host") return Device::host();
+  if (s == "cuda") return Device::cuda(0);
+  if (s.rfind("cuda:", 0) == 0 && s.size() > 5) {
+    int n = 0;
+    for (char c : s.substr(5)) {
+      if (c < '0' || c > '9' || n > 100000) invalid("bad device '" + std::string(s) + "'");
+      n = n * 10 + (c - '0');
+    }
+    return Device::cuda(n);
+  }
+  invalid("bad device '" + std::string(s) + "': expected \"cpu\" or \"cuda:N\"");
+}
+
+std::string device_str(const Device& d) {
+  return d.is_host() ? "cpu" : "cuda:" + std::to_string(d.ordinal);
+}
+
+// A contiguous read-only view of a bytes-like object.
+class ByteView {
+ public:
+  ByteView(nb::handle obj, const char* what) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) {
+      PyErr_Clear();
+      invalid(std::string(what) + ": expected a C-contiguous bytes-like object, got " +
+              nb::type_name(obj.type()).c_str());
+    }
+  }
+  ~ByteView() { PyBuffer_Release(&view_); }
+  ByteView(const ByteView&) = delete;
+  ByteView& operator=(const ByteView&) = delete;
+  std::span<const uint8_t> span() const {
+    return {static_cast<const uint8_t*>(view_.buf), static_cast<size_t>(view_.len)};
+  }
+
+ private:
+  Py_buffer view_{};
+};
+
+uint64_t non_negative(int64_t v, const char* what) {
+  if (v < 0) invalid(std::string(what) + " must not be negative (got " + std::to_string(v) + ")");
+  return static_cast<uint64_t>(v);
+}
+
+uint32_t u32(int64_t v, const char* what) {
+  if (v < 0 || v > int64_t(UINT32_MAX))
+    invalid(std::string(what) + " must be in [0, 2**32) (got " + std::to_string(v) + ")");
+  return static_cast<uint32_t>(v);
+}
+
+std::optional<uint32_t> opt_u32(std::optional<int64_t> v, const char* what) {
+  if (!v) return std::nullopt;
+  return u32(*v, what);
+}
+
+std::string dtype_name(nb::dlpack::dtype t) {
+  const char* kinds[] = {"int", "uint", "float", "?", "bfloat", "complex", "bool"};
+  std::string k = t.code < 7 ? kinds[t.code] : "?";
+  return k + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
+}
+
+// Page indices: a 1-D int32/uint32/int64/uint64 array in host memory (NumPy,
+// torch, anything exposing DLPack or the buffer protocol) converted with one
+// copy; lists, tuples and ranges of ints are accepted too (slower).
+std::vector<uint32_t> page_indices(nb::handle obj, const char* side) {
+  std::vector<uint32_t> out;
+  if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr()) || PyRange_Check(obj.ptr())) {
+    nb::sequence seq = nb::borrow<nb::sequence>(obj);
+    out.reserve(nb::len(seq));
+    for (nb::handle item : seq) {
+      int64_t v = 0;
+      if (!nb::try_cast(item, v, false))
+        invalid(std::string(side) + " pages: expected ints, got " + nb::type_name(item.type()).c_str());
+      out.push_back(u32(v, side));
+    }
+    return out;
+  }
+  nb::ndarray<nb::ro> a;
+  if (!nb::try_cast(obj, a, false))
+    invalid(std::string(side) + " pages: expected a 1-D int32/uint32/int64 array (NumPy, torch, "
+            "DLPack or buffer protocol) or a list of ints, got " + nb::type_name(obj.type()).c_str());
+  if (a.device_type() != nb::device::cpu::value)
+    invalid(std::string(side) + " pages must be in host memory (got a device array)");
+  if (a.ndim() != 1) invalid(std::string(side) + " pages must be a 1-D array (got " +
+                             std::to_string(a.ndim()) + " dimensions)");
+  const size_t n = a.shape(0);
+  if (n > 1 && a.stride(0) != 1)
+    invalid(std::string(side) + " pages must be contiguous (got stride " +
+            std::to_string(a.stride(0)) + " elements)");
+  const auto t = a.dtype();
+  const bool is_int = t.code == uint8_t(nb::dlpack::dtype_code::Int);
+  const bool is_uint = t.code == uint8_t(nb::dlpack::dtype_code::UInt);
+  if (t.lanes != 1 || !(is_int || is_uint) || (t.bits != 32 && t.bits != 64))
+    invalid(std::string(side) + " pages: dtype must be int32, uint32 or int64 (got " +
+            dtype_name(t) + ")");
+  out.resize(n);
+  if (n == 0) return out;
+  auto out_of_range = [&](size_t i, long long v) {
+    invalid(std::string(side) + " pages: index " + std::to_string(v) + " at position " +
+            std::to_string(i) + " is outside [0, 2**32)");
+  };
+  if (t.bits == 32) {
+    std::memcpy(out.data(), a.data(), n * 4);
+    if (is_int) {
+      uint32_t acc = 0;
+      for (uint32_t v : out) acc |= v;
+      if (acc & 0x80000000u) {
+        for (size_t i = 0; i < n; ++i)
+          if (out[i] & 0x80000000u) out_of_range(i, int32_t(out[i]));
+      }
+    }
+  } else {
+    const auto* p = static_cast<const uint64_t*>(a.data());
+    for (size_t i = 0; i < n; ++i) {
+      if (p[i] > UINT32_MAX) out_of_range(i, is_int ? (long long)(int64_t)p[i] : (long long)p[i]);
+      out[i] = uint32_t(p[i]);
+    }
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------ wrapped types
+
+struct PyMrHandle {
+  MrHandle h;
+  uint64_t len = 0;
+  Device device;
+  bool writable = true;
+  bool registered = true;
+  nb::object owner;  // the registered Python object (None for register_memory)
+  MrDesc desc;
+};
+
+class PyImmCounter {
+ public:
+  PyImmCounter(ImmCounter c, uint32_t imm) : c_(std::move(c)), imm_(imm) {}
+  int64_t value() const { return c_.value(); }
+  bool try_consume(int64_t n) { return c_.try_consume(int64_t(non_negative(n, "n"))); }
+  // Waits in slices so that Ctrl-C (signals) still reaches Python.
+  void wait(int64_t n, std::optional<double> timeout) {
+    non_negative(n, "n");
+    if (timeout && !(*timeout >= 0)) invalid("timeout must be a non-negative number of seconds");
+    const auto start = Clock::now();
+    const auto deadline =
+        timeout ? start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout))
+                : Clock::time_point::max();
+    for (;;) {
+      auto now = Clock::now();
+      auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(100));
+      if (slice < Clock::duration::zero()) slice = Clock::duration::zero();
+      Status st;
+      {
+        nb::gil_scoped_release release;
+        st = c_.wait(n, slice);
+      }
+      if (st.is_ok()) return;
+      if (st.code() != Code::kDeadlineExceeded) throw Error(st);
+      if (Clock::now() >= deadline) {
+        throw Error(Code::kDeadlineExceeded,
+                    "ImmCounter(" + std::to_string(imm_) + ").wait(" + std::to_string(n) +
+                        "): only " + std::to_string(c_.value()) + " arrival(s) after " +
+                        std::to_string(*timeout) + " s");
+      }
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();
+    }
+  }
+  uint32_t imm() const { return imm_; }
+
+ private:
+  ImmCounter c_;
+  uint32_t imm_;
+};
+
+// Counts completions without any Python on the completion path (bulk use):
+// the worker bumps the atomics itself.
+class PyTransferCounter {
+ public:
+  struct State {
+    std::atomic<uint64_t> done{0};
+    std::atomic<uint64_t> errors{0};
+  };
+  PyTransferCounter() : s_(std::make_shared<State>()) {}
+  uint64_t done() const { return s_->done.load(); }
+  uint64_t errors() const { return s_->errors.load(); }
+  void wait(uint64_t n, std::optional<double> timeout) {
+    if (timeout && !(*timeout >= 0)) invalid("timeout must be a non-negative number of seconds");
+    const auto deadline =
+        timeout ? Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout))
+                : Clock::time_point::max();
+    auto last_signal_check = Clock::now();
+    while (s_->done.load(std::memory_order_acquire) < n) {
+      {
+        nb::gil_scoped_release release;
+        for (int i = 0; i < 200 && s_->done.load(std::memory_order_acquire) < n; ++i)
+          std::this_thread::sleep_for(std::chrono::microseconds(i < 50 ? 0 : 50));
+      }
+      auto now = Clock::now();
+      if (s_->done.load() >= n) break;
+      if (now >= deadline)
+        throw Error(Code::kDeadlineExceeded, "TransferCounter.wait(" + std::to_string(n) + "): " +
+                                                 std::to_string(s_->done.load()) + " done after " +
+                                                 std::to_string(*timeout) + " s");
+      if (now - last_signal_check > std::chrono::milliseconds(50)) {
+        last_signal_check = now;
+        if (PyErr_CheckSignals() != 0) throw nb::python_error();
+      }
+    }
+  }
+  const std::shared_ptr<State>& state() const { return s_; }
+
+ private:
+  std::shared_ptr<State> s_;
+};
+
+// ------------------------------------------------------------------ engine
+
+struct GroupSpec {
+  std::string device;
+  std::vector<std::string> nics;
+  int worker_cpu = -1;
+};
+
+class PyEngine {
+ public:
+  PyEngine(std::string provider, std::vector<GroupSpec> groups, size_t nics_per_group, bool busy,
+           int callback_cpu, double default_timeout, size_t send_buffer_size,
+           size_t send_buffer_count)
+      : shared_(std::make_shared<Shared>()) {
+    EngineConfig c;
+    c.provider = std::move(provider);
+    c.groups.clear();
+    for (auto& g : groups) {
+      GroupConfig gc;
+      gc.device = parse_device(g.device);
+      gc.nic_names = std::move(g.nics);
+      gc.worker_cpu = g.worker_cpu;
+      c.groups.push_back(std::move(gc));
+    }
+    if (c.groups.empty()) c.groups.push_back(GroupConfig{});
+    if (nics_per_group == 0) invalid("nics_per_group must be positive");
+    c.nics_per_group = nics_per_group;
+    c.poll_mode = busy ? PollMode::kBusy : PollMode::kAdaptive;
+    c.callback_cpu = callback_cpu;
+    if (!(default_timeout >= 0)) invalid("default_timeout must be a non-negative number of seconds");
+    c.default_deadline = std::chrono::milliseconds(int64_t(default_timeout * 1000.0 + 0.5));
+    if (default_timeout > 0 && c.default_deadline.count() == 0)
+      c.default_deadline = std::chrono::milliseconds(1);
+    c.send_buffer_size = send_buffer_size;
+    c.send_buffer_count = send_buffer_count;
+    {
+      nb::gil_scoped_release release;
+      engine_ = std::make_unique<TransferEngine>(std::move(c));
+    }
+    for (size_t g = 0; g < engine_->num_groups(); ++g) addresses_.push_back(engine_->addresses(g));
+    provider_ = engine_->provider();
+    nics_ = engine_->nics_per_group();
+    incarnation_ = engine_->incarnation();
+  }
+
+  ~PyEngine() { shutdown(); }
+  PyEngine(const PyEngine&) = delete;
+  PyEngine& operator=(const PyEngine&) = delete;
+
+  // --- identity (cached: still readable after stop())
+  const NetAddr& main_address() const { return addresses_.at(0).at(0); }
+  std::vector<NetAddr> addresses(size_t group) const {
+    if (group >= addresses_.size())
+      throw Error(Code::kOutOfRange,
+                  "group " + std::to_string(group) + " of " + std::to_string(addresses_.size()));
+    return addresses_[group];
+  }
+  size_t num_groups() const { return addresses_.size(); }
+  size_t nics_per_group() const { return nics_; }
+  const std::string& provider() const { return provider_; }
+  uint64_t incarnation() const { return incarnation_; }
+  uint64_t callback_errors() const { return shared_->callback_errors.load(); }
+  bool stopped() const { return stopped_; }
+
+  // --- memory
+  nb::tuple register_memory(uint64_t ptr, uint64_t len, const std::string& device, nb::object owner,
+                            bool writable) {
+    check_running();
+    Device d = parse_device(device);
+    std::pair<MrHandle, MrDesc> r;
+    {
+      nb::gil_scoped_release release;
+      r = engine_->reg_mr(reinterpret_cast<void*>(ptr), len, d);
+    }
+    auto h = std::make_unique<PyMrHandle>();
+    h->h = r.first;
+    h->len = len;
+    h->device = d;
+    h->writable = writable;
+    h->owner = owner;
+    h->desc = r.second;
+    owners_[r.first.id] = std::move(owner);  // alive until unregister or stop
+    nb::object desc = nb::cast(std::move(r.second));
+    return nb::make_tuple(nb::cast(h.release(), nb::rv_policy::take_ownership), desc);
+  }
+
+  void unregister(PyMrHandle& h) {
+    check_running();
+    {
+      nb::gil_scoped_release release;
+      engine_->unreg_mr(h.h);
+    }
+    h.registered = false;
+    owners_.erase(h.h.id);
+  }
+
+  // --- two-sided
+  uint64_t submit_send(const NetAddr& addr, nb::handle data, nb::handle future, nb::handle on_done,
+                       PyTransferCounter* counter) {
+    check_running();
+    ByteView bytes(data, "submit_send");
+    OnDone done = completion(future, on_done, counter);
+    nb::gil_scoped_release release;
+    return engine_->submit_send(addr, bytes.span(), std::move(done));
+  }
+
+  void submit_recvs(int64_t len, int64_t count, nb::callable cb) {
+    check_running();
+    auto slot = add_slot(cb);
+    auto sh = shared_;
+    RecvCallback f = [slot, sh](std::span<const uint8_t> msg) {
+      run_py(*sh, "receive callback", [&] {
+        if (!slot->fn) return;
+        nb::object mv = nb::steal(PyMemoryView_FromMemory(
+            reinterpret_cast<char*>(const_cast<uint8_t*>(msg.data())), Py_ssize_t(msg.size()), PyBUF_READ));
+        if (!mv.is_valid()) throw nb::python_error();
+        bool ok = true;
+        try {
+          slot->fn.get()(mv);
+        } catch (nb::python_error&) {
+          ok = false;
+          release_view(mv, false);
+          throw;
+        }
+        if (ok) release_view(mv, true);
+      });
+    };
+    uint64_t l = non_negative(len, "length"), n = non_negative(count, "count");
+    nb::gil_scoped_release release;
+    engine_->submit_recvs(l, n, std::move(f));
+  }
+
+  // --- one-sided
+  uint64_t submit_write(const PyMrHandle& src, int64_t src_offset, int64_t len, const MrDesc& dst,
+                        int64_t dst_offset, std::optional<int64_t> imm, const WriteRoute& route,
+                        nb::handle future, nb::handle on_done, PyTransferCounter* counter) {
+    check_running();
+    check_handle(src);
+    auto so = non_negative(src_offset, "src_offset"), l = non_negative(len, "length"),
+         doff = non_negative(dst_offset, "dst_offset");
+    auto i = opt_u32(imm, "imm");
+    OnDone done = completion(future, on_done, counter);
+    nb::gil_scoped_release release;
+    return engine_->submit_single_write(l, i, src.h, so, dst, doff, std::move(done), route);
+  }
+
+  uint64_t submit_paged_writes(int64_t page_len, const PyMrHandle& src, nb::handle src_pages,
+                               int64_t src_stride, int64_t src_offset, const MrDesc& dst,
+                               nb::handle dst_pages, int64_t dst_stride, int64_t dst_offset,
+                               std::optional<int64_t> imm, nb::handle future, nb::handle on_done,
+                               PyTransferCounter* counter) {
+    check_running();
+    check_handle(src);
+    Pages sp{page_indices(src_pages, "source"), non_negative(src_stride, "src_stride"),
+             non_negative(src_offset, "src_offset")};
+    Pages dp{page_indices(dst_pages, "destination"), non_negative(dst_stride, "dst_stride"),
+             non_negative(dst_offset, "dst_offset")};
+    auto pl = non_negative(page_len, "page_len");
+    auto i = opt_u32(imm, "imm");
+    OnDone done = completion(future, on_done, counter);
+    nb::gil_scoped_release release;
+    return engine_->submit_paged_writes(pl, i, src.h, std::move(sp), dst, std::move(dp),
+                                        std::move(done));
+  }
+
+  uint64_t submit_imm(int64_t imm, const MrDesc& dst, const WriteRoute& route, nb::handle future,
+                      nb::handle on_done, PyTransferCounter* counter) {
+    check_running();
+    auto i = u32(imm, "imm");
+    OnDone done = completion(future, on_done, counter);
+    nb::gil_scoped_release release;
+    return engine_->submit_imm(i, dst, std::move(done), route);
+  }
+
+  // --- peer groups
+  uint32_t add_peer_group_descs(const std::vector<MrDesc>& peers) {
+    check_running();
+    nb::gil_scoped_release release;
+    return engine_->add_peer_group(peers);
+  }
+  uint32_t add_peer_group_addrs(const std::vector<std::vector<NetAddr>>& peers) {
+    check_running();
+    nb::gil_scoped_release release;
+    return engine_->add_peer_group(peers);
+  }
+
+  uint64_t submit_scatter(const PyMrHandle& src, std::vector<ScatterDst> dsts,
+                          std::optional<int64_t> imm, std::optional<int64_t> group,
+                          const GroupRoute& route, nb::handle future, nb::handle on_done,
+                          PyTransferCounter* counter) {
+    check_running();
+    check_handle(src);
+    auto i = opt_u32(imm, "imm");
+    auto g = opt_u32(group, "group");
+    OnDone done = completion(future, on_done, counter);
+    nb::gil_scoped_release release;
+    return engine_->submit_scatter(g, std::move(done), i, src.h, std::move(dsts), route);
+  }
+
+  uint64_t submit_barrier(int64_t imm, std::vector<MrDesc> dsts, std::optional<int64_t> group,
+                          const GroupRoute& route, nb::handle future, nb::handle on_done,
+                          PyTransferCounter* counter) {
+    check_running();
+    auto i = u32(imm, "imm");
+    auto g = opt_u32(group, "group");
+    OnDone done = completion(future, on_done, counter);
+    nb::gil_scoped_release release;
+    return engine_->submit_barrier(g, std::move(done), i, std::move(dsts), route);
+  }
+
+  // --- immediates
+  void expect_imm_count(int64_t imm, int64_t count, nb::callable cb) {
+    check_running();
+    auto i = u32(imm, "imm");
+    auto n = u32(count, "count");
+    auto slot = add_slot(cb);
+    auto sh = shared_;
+    nb::gil_scoped_release release;
+    engine_->expect_imm_count(i, n, [slot, sh] {
+      run_py(*sh, "expect_imm_count callback", [&] {
+        if (slot->fn) slot->fn.get()();
+      });
+    });
+  }
+
+  void remove_imm_count(int64_t imm) {
+    check_running();
+    engine_->remove_imm_count(u32(imm, "imm"));
+  }
+
+  PyImmCounter imm_counter(int64_t imm) {
+    check_running();
+    auto i = u32(imm, "imm");
+    return PyImmCounter(engine_->imm_counter(i), i);
+  }
+
+  void on_imm(nb::callable cb) {
+    check_running();
+    auto slot = add_slot(cb);
+    auto sh = shared_;
+    nb::gil_scoped_release release;
+    engine_->on_imm([slot, sh](uint32_t imm) {
+      run_py(*sh, "on_imm callback", [&] {
+        if (slot->fn) slot->fn.get()(imm);
+      });
+    });
+  }
+
+  void stop() {
+    if (t_callback_depth > 0)
+      throw Error(Code::kFailedPrecondition,
+                  "stop() cannot be called from a ferry callback: it waits for the callback "
+                  "thread to drain");
+    shutdown();
+  }
+
+ private:
+  void check_running() const {
+    if (stopped_) throw Error(Code::kFailedPrecondition, "the transfer engine is stopped");
+  }
+
+  static void check_handle(const PyMrHandle& h) {
+    if (!h.registered)
+      throw Error(Code::kNotFound, "memory region " + std::to_string(h.h.id) +
+                                       " was unregistered: register it again");
+  }
+
+  std::shared_ptr<Slot> add_slot(nb::handle fn) {
+    auto s = std::make_shared<Slot>();
+    s->fn = PyRef(fn);
+    slots_.push_back(s);
+    return s;
+  }
+
+  static void release_view(nb::handle mv, bool raise) {
+    PyObject* r = PyObject_CallMethod(mv.ptr(), "release", nullptr);
+    if (r != nullptr) {
+      Py_DECREF(r);
+      return;
+    }
+    PyErr_Clear();
+    if (raise)
+      throw Error(Code::kFailedPrecondition,
+                  "a view of a received message outlived its callback (the buffer is reused "
+                  "right after the callback): copy the message with bytes(m) instead");
+  }
+
+  // The OnDone for one submit: nothing, a C++ counter (no Python at all on
+  // completion), or a callback that resolves the future and calls on_done
+  // with None or the ferry exception, on the callback thread.
+  OnDone completion(nb::handle future, nb::handle on_done, PyTransferCounter* counter) {
+    const bool has_future = future.is_valid() && !future.is_none();
+    const bool has_cb = on_done.is_valid() && !on_done.is_none();
+    if (counter != nullptr) {
+      if (has_cb || has_future) invalid("counter= cannot be combined with on_done= or a Transfer");
+      counters_.insert(counter->state());  // the worker writes the atomics: keep them alive
+      return OnDone::counter(counter->state()->done, &counter->state()->errors);
+    }
+    if (!has_future && !has_cb) return OnDone::none();
+    if (has_cb && !PyCallable_Check(on_done.ptr())) invalid("on_done must be callable or None");
+    struct Completion {
+      PyRef future, on_done;
+      std::shared_ptr<Shared> sh;
+    };
+    auto c = std::make_shared<Completion>(Completion{PyRef(future), PyRef(on_done), shared_});
+    return OnDone([c](const Status& s) {
+      run_py(*c->sh, "transfer completion", [&] {
+        PyRef fut = std::move(c->future), cb = std::move(c->on_done);
+        nb::object err = s.is_ok() ? nb::none() : make_error(s);
+        if (fut) {
+          try {
+            if (s.is_ok())
+              fut.get().attr("set_result")(nb::none());
+            else
+              fut.get().attr("set_exception")(err);
+          } catch (nb::python_error& e) {
+            e.restore();
+            report_current(*c->sh, "resolving a Transfer");
+          }
+        }
+        if (cb) cb.get()(err);
+      });
+    });
+  }
+
+  void shutdown() {
+    if (!engine_ || stopped_) return;
+    stopped_ = true;
+    for (auto& s : slots_) s->fn.reset();
+    slots_.clear();
+    if (t_callback_depth > 0) {
+      // The last reference went away inside a callback: stopping here would
+      // join the callback thread from itself. Stop on a helper thread, keeping
+      // the registered objects alive until the NICs are closed.
+      auto owners = std::make_shared<std::vector<PyRef>>();
+      for (auto& [id, o] : owners_) owners->emplace_back(o);
+      owners_.clear();
+      std::thread([e = std::move(engine_), owners]() mutable {
+        e->stop();
+        e.reset();
+        owners->clear();
+      }).detach();
+      return;
+    }
+    {
+      nb::gil_scoped_release release;
+      engine_->stop();  // the callback thread drains (taking the GIL) and joins
+    }
+    owners_.clear();
+  }
+
+  std::unique_ptr<TransferEngine> engine_;
+  std::shared_ptr<Shared> shared_;
+  std::vector<std::vector<NetAddr>> addresses_;
+  std::string provider_;
+  size_t nics_ = 0;
+  uint64_t incarnation_ = 0;
+  bool stopped_ = false;
+  std::vector<std::shared_ptr<Slot>> slots_;
+  std::unordered_map<uint64_t, nb::object> owners_;
+  std::set<std::shared_ptr<PyTransferCounter::State>> counters_;
+};
+
+// ------------------------------------------------------------------ buffers and providers
+
+// (ptr, nbytes, device, readonly, c_contiguous) of an object exposing DLPack or
+// the buffer protocol; raises InvalidArgument for anything else.
+nb::tuple describe_buffer(nb::handle obj) {
+  auto describe = [](const auto& a, bool readonly) {
+    bool contig = true;
+    int64_t expect = 1;
+    for (size_t i = a.ndim(); i-- > 0;) {
+      if (a.shape(i) != 1 && a.stride(i) != expect) contig = false;
+      expect *= int64_t(a.shape(i));
+    }
+    std::string dev;
+    switch (a.device_type()) {
+      case nb::device::cpu::value:
+      case nb::device::cuda_host::value:
+        dev = "cpu";
+        break;
+      case nb::device::cuda::value:
+      case nb::device::cuda_managed::value:
+        dev = "cuda:" + std::to_string(a.device_id());
+        break;
+      default:
+        invalid("cannot register memory of DLPack device type " + std::to_string(a.device_type()));
+    }
+    return nb::make_tuple(uint64_t(reinterpret_cast<uintptr_t>(a.data())),
+                          uint64_t(a.itemsize() * a.size()), dev, readonly, contig);
+  };
+  nb::ndarray<> rw;
+  if (nb::try_cast(obj, rw, false)) return describe(rw, false);
+  nb::ndarray<nb::ro> ro;
+  if (nb::try_cast(obj, ro, false)) return describe(ro, true);
+  invalid(std::string("cannot register an object of type ") + nb::type_name(obj.type()).c_str() +
+          ": it exposes neither DLPack (__dlpack__) nor the buffer protocol; use "
+          "register_memory(ptr, length, device) for raw memory");
+}
+
+// fi_getinfo with the hints the engine uses: (error or "", [(domain, fabric, provider, hmem)]).
+nb::tuple probe_provider(const std::string& prov) {
+  std::vector<std::tuple<std::string, std::string, std::string, bool>> domains;
+  std::string error;
+  {
+    nb::gil_scoped_release release;
+    fi_info* hints = fi_allocinfo();
+    if (hints == nullptr) {
+      error = "fi_allocinfo failed";
+    } else {
+      hints->ep_attr->type = FI_EP_RDM;
+      hints->caps = FI_RMA | FI_MSG;
+      hints->mode = FI_CONTEXT | FI_CONTEXT2;
+      hints->domain_attr->mr_mode =
+          FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_HMEM;
+      hints->fabric_attr->prov_name = strdup(prov.c_str());  // freed by fi_freeinfo
+      fi_info* list = nullptr;
+      int rc = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), nullptr, nullptr, 0, hints,
+                          &list);
+      fi_freeinfo(hints);
+      if (rc != 0) {
+        error = fi_strerror(-rc);
+      } else {
+        std::set<std::string> seen;
+        for (fi_info* i = list; i != nullptr; i = i->next) {
+          std::string name = i->domain_attr && i->domain_attr->name ? i->domain_attr->name : "?";
+          std::string fabric = i->fabric_attr && i->fabric_attr->name ? i->fabric_attr->name : "?";
+          std::string p = i->fabric_attr && i->fabric_attr->prov_name ? i->fabric_attr->prov_name : prov;
+          if (!seen.insert(p + "/" + name).second) continue;
+          domains.emplace_back(name, fabric, p, (i->caps & FI_HMEM) != 0);
+        }
+        fi_freeinfo(list);
+      }
+    }
+  }
+  return nb::make_tuple(error, nb::cast(domains));
+}
+
+nb::dict build_info() {
+  nb::dict d;
+  d["version"] = kVersion;
+#ifdef FERRY_PY_CUDA
+  d["cuda"] = true;
+#else
+  d["cuda"] = false;
+#endif
+  d["libfabric_headers"] = std::to_string(FI_MAJOR_VERSION) + "." + std::to_string(FI_MINOR_VERSION);
+  uint32_t v = fi_version();
+  d["libfabric_runtime"] = std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
+  d["nanobind"] = std::to_string(NB_VERSION_MAJOR) + "." + std::to_string(NB_VERSION_MINOR) + "." +
+                  std::to_string(NB_VERSION_PATCH);
+  d["compiler"] = __VERSION__;
+  d["cxx_standard"] = long(__cplusplus);
+#ifdef NDEBUG
+  d["assertions"] = false;
+#else
+  d["assertions"] = true;
+#endif
+  return d;
+}
+
+template <typename T>
+nb::bytes to_pybytes(const T& v) {
+  return nb::bytes(reinterpret_cast<const char*>(v.data()), v.size());
+}
+
+std::string write_route_repr(const WriteRoute& r) {
+  switch (r.kind) {
+    case WriteRoute::Kind::kSplit:
+      return "WriteRoute.split(max_shards=" + std::to_string(r.max_shards) +
+             ", min_piece=" + std::to_string(r.min_piece) + ")";
+    case WriteRoute::Kind::kPinned:
+      return "WriteRoute.pinned(" + std::to_string(r.nic) + ")";
+    case WriteRoute::Kind::kRoundRobin:
+      return "WriteRoute.round_robin()";
+  }
+  return "WriteRoute(?)";
+}
+
+std::string group_route_repr(const GroupRoute& r) {
+  switch (r.kind) {
+    case GroupRoute::Kind::kShardPeers:
+      return "GroupRoute.shard_peers()";
+    case GroupRoute::Kind::kShardBytes:
+      return "GroupRoute.shard_bytes()";
+    case GroupRoute::Kind::kPinned:
+      return "GroupRoute.pinned(" + std::to_string(r.nic) + ")";
+  }
+  return "GroupRoute(?)";
+}
+
+uint8_t nic_index(int64_t nic) {
+  if (nic < 0 || nic > 255) invalid("nic must be in [0, 255] (got " + std::to_string(nic) + ")");
+  return uint8_t(nic);
+}
+
+}  // namespace
+}  // namespace ferry::py
+
+using namespace ferry;
+using namespace ferry::py;
+
+NB_MODULE(_ferry, m) {
+  m.doc() = "Low-level bindings of the ferry transfer engine (use the `ferry` package).";
+  m.attr("__version__") = kVersion;
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      nb::object exc = make_error(e.status());
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    }
+  });
+
+  // Drop the Python objects held in C++ globals before the interpreter tears
+  // modules down (registered first: runs after ferry's own atexit handlers).
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function([] {
+    Py_CLEAR(g_error_hook);
+    Py_CLEAR(g_error_classes);
+  }));
+
+  m.def(
+      "_set_error_classes",
+      [](nb::dict classes) {
+        Py_XDECREF(g_error_classes);
+        g_error_classes = classes.inc_ref().ptr();
+      },
+      "classes"_a, "Installs the exception class of every status code name (ferry/_errors.py).");
+  m.def(
+      "_set_callback_error_hook",
+      [](nb::callable hook) {
+        Py_XDECREF(g_error_hook);
+        g_error_hook = hook.inc_ref().ptr();
+      },
+      "hook"_a, "hook(where, exc) is called (GIL held) for every exception a user callback raises.");
+  m.def(
+      "make_error", [](const std::string& code, const std::string& message) {
+        for (int c = 0; c <= int(Code::kAborted); ++c)
+          if (code_name(Code(c)) == code) return make_error(Status(Code(c), message));
+        invalid("unknown status code '" + code + "'");
+      },
+      "code"_a, "message"_a, "The ferry exception for a status code name such as 'NOT_FOUND'.");
+  m.def("in_callback", [] { return t_callback_depth > 0; },
+        "True while running inside a ferry callback (on the engine's callback thread).");
+  m.def("describe_buffer", &describe_buffer, "obj"_a,
+        "(ptr, nbytes, device, readonly, c_contiguous) of an object exposing DLPack or the buffer "
+        "protocol.");
+  m.def("probe_provider", &probe_provider, "provider"_a,
+        "fi_getinfo for one provider: (error or '', [(domain, fabric, provider, hmem)]).");
+  m.def("build_info", &build_info, "Version and build options of this extension.");
+
+  // ---- addresses and descriptors
+  nb::class_<NetAddr>(m, "NetAddr",
+                      "The address of one NIC endpoint of one engine incarnation (opaque bytes).")
+      .def_static(
+          "from_bytes",
+          [](nb::handle b) { return NetAddr::from_bytes(ByteView(b, "NetAddr.from_bytes").span()); },
+          "data"_a, "Decodes bytes produced by bytes(); raises InvalidArgument when malformed.")
+      .def_static("from_hex", &NetAddr::from_hex, "text"_a, "Decodes hex() output.")
+      .def("bytes", [](const NetAddr& a) { return to_pybytes(a.bytes()); }, "The wire form.")
+      .def("hex", &NetAddr::to_hex, "The wire form as lowercase hex.")
+      .def_prop_ro("transport", [](const NetAddr& a) {
+        switch (a.transport()) {
+          case Transport::kFabric: return "fabric";
+          case Transport::kVerbs: return "verbs";
+          case Transport::kNvlink: return "nvlink";
+        }
+        return "?";
+      }, "Transport family: 'fabric', 'verbs' or 'nvlink'.")
+      .def_prop_ro("incarnation", &NetAddr::incarnation, "Random id of the owning engine's run.")
+      .def_prop_ro("raw", [](const NetAddr& a) { return to_pybytes(a.raw()); },
+                   "The provider's raw endpoint name.")
+      .def("__eq__", [](const NetAddr& a, const NetAddr& b) { return a == b; }, nb::is_operator())
+      .def("__ne__", [](const NetAddr& a, const NetAddr& b) { return !(a == b); }, nb::is_operator())
+      .def("__hash__", [](const NetAddr& a) { return a.hash(); })
+      .def("__repr__", [](const NetAddr& a) { return "NetAddr(" + a.brief() + ")"; })
+      .def("__reduce__", [](nb::handle self) {
+        const NetAddr& a = nb::cast<const NetAddr&>(self);
+        return nb::make_tuple(self.type().attr("from_bytes"), nb::make_tuple(to_pybytes(a.bytes())));
+      });
+
+  nb::class_<MrDesc>(m, "MrDesc",
+                     "Serialisable descriptor of a registered region: what a peer needs to write "
+                     "into it. Send it to peers with bytes()/hex() or pickle.")
+      .def_static(
+          "from_bytes",
+          [](nb::handle b) { return MrDesc::from_bytes(ByteView(b, "MrDesc.from_bytes").span()); },
+          "data"_a, "Decodes bytes produced by bytes(); raises InvalidArgument when malformed.")
+      .def_static("from_hex", &MrDesc::from_hex, "text"_a, "Decodes hex() output.")
+      .def("bytes", [](const MrDesc& d) { return to_pybytes(d.to_bytes()); }, "The wire form.")
+      .def("hex", &MrDesc::to_hex, "The wire form as lowercase hex.")
+      .def_ro("ptr", &MrDesc::ptr, "The owner's virtual base address (informational).")
+      .def_ro("length", &MrDesc::len, "Size of the region in bytes.")
+      .def_prop_ro("device", [](const MrDesc& d) { return device_str(d.device); },
+                   "'cpu' or 'cuda:N'.")
+      .def_prop_ro("addresses", [](const MrDesc& d) {
+        std::vector<NetAddr> v;
+        for (const auto& n : d.nics) v.push_back(n.addr);
+        return v;
+      }, "The owner's NIC addresses, in NIC order.")
+      .def_prop_ro("nics", [](const MrDesc& d) {
+        std::vector<std::tuple<NetAddr, uint64_t, uint64_t>> v;
+        for (const auto& n : d.nics) v.emplace_back(n.addr, n.rkey, n.base);
+        return v;
+      }, "[(address, rkey, base)] per NIC of the owner's group.")
+      .def("__eq__", [](const MrDesc& a, const MrDesc& b) { return a == b; }, nb::is_operator())
+      .def("__ne__", [](const MrDesc& a, const MrDesc& b) { return !(a == b); }, nb::is_operator())
+      .def("__hash__", [](const MrDesc& d) {
+        auto b = d.to_bytes();
+        return std::hash<std::string_view>{}(
+            std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
+      })
+      .def("__repr__", [](const MrDesc& d) {
+        return "MrDesc(" + std::to_string(d.len) + " bytes on " + device_str(d.device) + ", " +
+               std::to_string(d.nics.size()) + " NIC(s), owner " +
+               (d.nics.empty() ? std::string("?") : d.nics[0].addr.brief()) + ")";
+      })
+      .def("__reduce__", [](nb::handle self) {
+        const MrDesc& d = nb::cast<const MrDesc&>(self);
+        return nb::make_tuple(self.type().attr("from_bytes"), nb::make_tuple(to_pybytes(d.to_bytes())));
+      });
+
+  nb::class_<PyMrHandle>(m, "MrHandle",
+                         "Local handle of a registered region. Holds a reference to the registered "
+                         "object; pass it to unregister() when done.")
+      .def_prop_ro("ptr", [](const PyMrHandle& h) { return uint64_t(uintptr_t(h.h.ptr)); },
+                   "Base address of the region.")
+      .def_prop_ro("id", [](const PyMrHandle& h) { return h.h.id; }, "Registration id.")
+      .def_ro("length", &PyMrHandle::len, "Size of the region in bytes.")
+      .def_prop_ro("device", [](const PyMrHandle& h) { return device_str(h.device); },
+                   "'cpu' or 'cuda:N'.")
+      .def_ro("writable", &PyMrHandle::writable,
+              "False when registered with writable=False (a read-only source).")
+      .def_ro("registered", &PyMrHandle::registered, "False after unregister().")
+      .def_ro("obj", &PyMrHandle::owner, "The registered Python object (None for register_memory).")
+      .def_ro("desc", &PyMrHandle::desc, "The region's descriptor (also returned by register).")
+      .def("__repr__", [](const PyMrHandle& h) {
+        return "MrHandle(id=" + std::to_string(h.h.id) + ", " + std::to_string(h.len) + " bytes on " +
+               device_str(h.device) + (h.registered ? "" : ", unregistered") + ")";
+      });
+
+  // ---- routes
+  nb::class_<WriteRoute>(m, "WriteRoute", "How a single write is placed on the group's NICs.")
+      .def_static("split", [](int64_t max_shards, int64_t min_piece) {
+        return WriteRoute::split(nic_index(max_shards), non_negative(min_piece, "min_piece"));
+      }, "max_shards"_a = 0, "min_piece"_a = 256 << 10,
+                  "Cut into up to max_shards pieces (0 = all NICs) of at least min_piece bytes.")
+      .def_static("pinned", [](int64_t nic) { return WriteRoute::pinned(nic_index(nic)); }, "nic"_a,
+                  "The whole write on NIC `nic`.")
+      .def_static("round_robin", &WriteRoute::round_robin,
+                  "The whole write on the next NIC of a per-group rotation.")
+      .def_prop_ro("kind", [](const WriteRoute& r) {
+        return r.kind == WriteRoute::Kind::kSplit ? "split"
+               : r.kind == WriteRoute::Kind::kPinned ? "pinned" : "round_robin";
+      })
+      .def_ro("nic", &WriteRoute::nic)
+      .def_ro("max_shards", &WriteRoute::max_shards)
+      .def_ro("min_piece", &WriteRoute::min_piece)
+      .def("__eq__", [](const WriteRoute& a, const WriteRoute& b) {
+        return a.kind == b.kind && a.nic == b.nic && a.max_shards == b.max_shards && a.min_piece == b.min_piece;
+      }, nb::is_operator())
+      .def("__repr__", &write_route_repr);
+
+  nb::class_<GroupRoute>(m, "GroupRoute", "How scatter and barrier spread targets over NICs.")
+      .def_static("shard_peers", &GroupRoute::shard_peers,
+                  "Targets divided into contiguous runs, one run per NIC.")
+      .def_static("shard_bytes", &GroupRoute::shard_bytes,
+                  "Every target's bytes divided over all NICs.")
+      .def_static("pinned", [](int64_t nic) { return GroupRoute::pinned(nic_index(nic)); }, "nic"_a,
+                  "Everything on NIC `nic`.")
+      .def_prop_ro("kind", [](const GroupRoute& r) {
+        return r.kind == GroupRoute::Kind::kShardPeers ? "shard_peers"
+               : r.kind == GroupRoute::Kind::kShardBytes ? "shard_bytes" : "pinned";
+      })
+      .def_ro("nic", &GroupRoute::nic)
+      .def("__eq__", [](const GroupRoute& a, const GroupRoute& b) {
+        return a.kind == b.kind && a.nic == b.nic;
+      }, nb::is_operator())
+      .def("__repr__", &group_route_repr);
+
+  nb::class_<ScatterDst>(m, "ScatterDst", "One target of submit_scatter.")
+      .def("__init__", [](ScatterDst* self, int64_t length, int64_t src_offset, const MrDesc& dst,
+                          int64_t dst_offset) {
+        new (self) ScatterDst{non_negative(length, "length"), non_negative(src_offset, "src_offset"),
+                              dst, non_negative(dst_offset, "dst_offset")};
+      }, "length"_a, "src_offset"_a, "dst"_a, "dst_offset"_a = 0)
+      .def_ro("length", &ScatterDst::len)
+      .def_ro("src_offset", &ScatterDst::src_offset)
+      .def_ro("dst", &ScatterDst::dst)
+      .def_ro("dst_offset", &ScatterDst::dst_offset)
+      .def("__repr__", [](const ScatterDst& s) {
+        return "ScatterDst(length=" + std::to_string(s.len) + ", src_offset=" +
+               std::to_string(s.src_offset) + ", dst_offset=" + std::to_string(s.dst_offset) + ")";
+      });
+
+  // ---- immediate plans
+  nb::class_<ImmPlan>(m, "ImmPlan",
+                      "Number of immediates the receiver gets for a request, for both sides to use.")
+      .def_static("single_write", [](int64_t len, const WriteRoute& route, int64_t nics) {
+        return ImmPlan::single_write(non_negative(len, "length"), route, non_negative(nics, "nics"));
+      }, "length"_a, "route"_a, "nics"_a, "Immediates for one submit_write of `length` bytes.")
+      .def_static("paged_writes", &ImmPlan::paged_writes, "pages"_a, "One immediate per page.")
+      .def_static("scatter_target", [](int64_t len, const GroupRoute& route, int64_t nics) {
+        return ImmPlan::scatter_target(non_negative(len, "length"), route, non_negative(nics, "nics"));
+      }, "length"_a, "route"_a, "nics"_a, "Immediates one scatter target receives.")
+      .def_static("barrier_target", &ImmPlan::barrier_target, "One per barrier target.")
+      .def_static("imm", &ImmPlan::imm, "One per submit_imm.");
+
+  // ---- counters
+  nb::class_<PyImmCounter>(m, "ImmCounter",
+                           "Counts arrivals of one immediate value; wait(n) consumes n arrivals.")
+      .def_prop_ro("value", &PyImmCounter::value, "Arrivals not yet consumed.")
+      .def_prop_ro("imm", &PyImmCounter::imm, "The immediate value counted.")
+      .def("try_consume", &PyImmCounter::try_consume, "n"_a = 1,
+           "Consume n arrivals if they are there; never blocks. Returns whether it consumed.")
+      .def("wait", &PyImmCounter::wait, "n"_a = 1, "timeout"_a.none() = nb::none(),
+           "Wait (GIL released) until n arrivals can be consumed, then consume them. Raises "
+           "ferry.Timeout (consuming nothing) after `timeout` seconds; None waits forever.")
+      .def("__repr__", [](const PyImmCounter& c) {
+        return "ImmCounter(imm=" + std::to_string(c.imm()) + ", value=" + std::to_string(c.value()) + ")";
+      });
+
+  nb::class_<PyTransferCounter>(m, "TransferCounter",
+                                "Completion counter for bulk submits: pass counter= to a submit_* "
+                                "call; completions are counted in C++ with no Python callback.")
+      .def(nb::init<>())
+      .def_prop_ro("done", &PyTransferCounter::done, "Transfers ended (success or failure).")
+      .def_prop_ro("errors", &PyTransferCounter::errors, "Transfers that failed.")
+      .def("wait", &PyTransferCounter::wait, "n"_a, "timeout"_a.none() = nb::none(),
+           "Wait (GIL released) until `done` reaches n; raises ferry.Timeout after `timeout` s.")
+      .def("__repr__", [](const PyTransferCounter& c) {
+        return "TransferCounter(done=" + std::to_string(c.done()) + ", errors=" +
+               std::to_string(c.errors()) + ")";
+      });
+
+  // ---- engine
+  nb::class_<GroupSpec>(m, "_GroupSpec")
+      .def(nb::init<std::string, std::vector<std::string>, int>(), "device"_a, "nics"_a,
+           "worker_cpu"_a);
+
+  using E = PyEngine;
+  const auto none = nb::none();
+  nb::class_<E>(m, "Engine", "The C++ TransferEngine (use ferry.TransferEngine).")
+      .def(nb::init<std::string, std::vector<GroupSpec>, size_t, bool, int, double, size_t, size_t>(),
+           "provider"_a, "groups"_a, "nics_per_group"_a, "busy"_a, "callback_cpu"_a,
+           "default_timeout"_a, "send_buffer_size"_a, "send_buffer_count"_a)
+      .def_prop_ro("main_address", &E::main_address)
+      .def("addresses", &E::addresses, "group"_a = 0)
+      .def_prop_ro("num_groups", &E::num_groups)
+      .def_prop_ro("nics_per_group", &E::nics_per_group)
+      .def_prop_ro("provider", &E::provider)
+      .def_prop_ro("incarnation", &E::incarnation)
+      .def_prop_ro("callback_errors", &E::callback_errors)
+      .def_prop_ro("stopped", &E::stopped)
+      .def("register_memory", &E::register_memory, "ptr"_a, "length"_a, "device"_a, "owner"_a.none(),
+           "writable"_a)
+      .def("unregister", &E::unregister, "handle"_a)
+      .def("submit_send", &E::submit_send, "addr"_a, "data"_a, "future"_a.none(), "on_done"_a.none(),
+           "counter"_a.none())
+      .def("submit_recvs", &E::submit_recvs, "length"_a, "count"_a, "callback"_a)
+      .def("submit_write", &E::submit_write, "src"_a, "src_offset"_a, "length"_a, "dst"_a,
+           "dst_offset"_a, "imm"_a.none(), "route"_a, "future"_a.none(), "on_done"_a.none(),
+           "counter"_a.none())
+      .def("submit_paged_writes", &E::submit_paged_writes, "page_len"_a, "src"_a, "src_pages"_a,
+           "src_stride"_a, "src_offset"_a, "dst"_a, "dst_pages"_a, "dst_stride"_a, "dst_offset"_a,
+           "imm"_a.none(), "future"_a.none(), "on_done"_a.none(), "counter"_a.none())
+      .def("submit_imm", &E::submit_imm, "imm"_a, "dst"_a, "route"_a, "future"_a.none(),
+           "on_done"_a.none(), "counter"_a.none())
+      .def("add_peer_group", &E::add_peer_group_descs, "peers"_a)
+      .def("add_peer_group", &E::add_peer_group_addrs, "peers"_a)
+      .def("submit_scatter", &E::submit_scatter, "src"_a, "dsts"_a, "imm"_a.none(), "group"_a.none(),
+           "route"_a, "future"_a.none(), "on_done"_a.none(), "counter"_a.none())
+      .def("submit_barrier", &E::submit_barrier, "imm"_a, "dsts"_a, "group"_a.none(), "route"_a,
+           "future"_a.none(), "on_done"_a.none(), "counter"_a.none())
+      .def("expect_imm_count", &E::expect_imm_count, "imm"_a, "count"_a, "callback"_a)
+      .def("remove_imm_count", &E::remove_imm_count, "imm"_a)
+      .def("imm_counter", &E::imm_counter, "imm"_a)
+      .def("on_imm", &E::on_imm, "callback"_a)
+      .def("stop", &E::stop);
+  (void)none;
+}
