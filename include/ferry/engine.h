@@ -41,6 +41,10 @@ struct EngineConfig {
   int callback_cpu = -1;
   // Default deadline for transfers and sends (0 = none); waits take their own.
   std::chrono::milliseconds default_deadline{0};
+  // Testing only: wrap every NIC in the seeded fault injector, e.g.
+  // "seed=7,reorder=0.2,delay_us=50,eagain=0.05,split=0.1,fail=0.001".
+  // Empty = the FERRY_FAULT_INJECTION environment variable, else off.
+  std::string fault_injection;
   // Buffers of the internal pool copying submit_send payloads.
   size_t send_buffer_size = 64 << 10;
   size_t send_buffer_count = 256;

@@ -122,6 +122,12 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
     const char* env = std::getenv("FERRY_PROVIDER");
     config.provider = env && *env ? env : "efa";
   }
+  if (config.fault_injection.empty()) {
+    const char* env = std::getenv("FERRY_FAULT_INJECTION");
+    if (env && *env) config.fault_injection = env;
+  }
+  if (!config.fault_injection.empty())
+    core::log().warn("fault injection is on: {}", config.fault_injection);
   if (config.groups.empty()) throw Error(Code::kInvalidArgument, "EngineConfig: no groups");
   for (size_t i = 0; i < config.groups.size(); ++i)
     for (size_t j = 0; j < i; ++j)

@@ -152,6 +152,7 @@ Status Worker::open_nics() {
     opt.nic_name = group_.nic_names.empty() ? "" : group_.nic_names[i];
     opt.nic_index = group_.nic_names.empty() ? i : 0;
     opt.device = group_.device;
+    opt.fault_injection = cfg.fault_injection;
     Status err;
     auto d = open_domain(opt, &err);
     if (!d) {
