@@ -38,6 +38,7 @@ def test_single_write_with_imm(remote):
     kind, e, peer = remote
     data = random_bytes(300_000)
     h, _ = e.register(data)
+    peer.call("clear")
     peer.call("count", 11)
     t = e.submit_write(h, 1000, 200_000, peer.desc, 5000, imm=11)
     assert t.result(20) is None and t.done() and t.exception() is None
@@ -73,6 +74,7 @@ def test_paged_writes(remote, dtypes):
     src_idx = rng.permutation(pages * 2)[:pages]
     dst_idx = rng.permutation(pages)
     conv = [(lambda a: a.tolist()) if d == "list" else (lambda a, d=d: a.astype(d)) for d in dtypes]
+    peer.call("clear")
     peer.call("count", 13)
     stride, src_off, dst_off = page + 0, 0, 64
     t = e.submit_paged_writes(page, h, conv[0](src_idx), stride, src_off, peer.desc,
@@ -149,8 +151,12 @@ def test_scatter_and_barrier(remote):
     group = e.add_peer_group([peer.desc])
     assert e.add_peer_group([[peer.addr]]) == group  # idempotent, by addresses too
     dsts = [ferry.ScatterDst(1000, 0, peer.desc, 0), (500, 4000, peer.desc, 2000)]
+    peer.call("clear")
     peer.call("count", 31)
-    e.submit_scatter(h, dsts, imm=31, group=group).result(20)
+    # with a peer group: one target per peer of the group, in order
+    e.submit_scatter(h, dsts[:1], imm=31, group=group).result(20)
+    # without one: any targets
+    e.submit_scatter(h, dsts[1:], imm=31, route=ferry.GroupRoute.shard_bytes()).result(20)
     got = np.frombuffer(peer.call("wait", 31, 2, 20, 0, 2500), np.uint8)
     np.testing.assert_array_equal(got[:1000], src[:1000])
     np.testing.assert_array_equal(got[2000:2500], src[4000:4500])
