@@ -476,11 +476,13 @@ bool Worker::progress_posts() {
       Slot& s = slots_[c.slot];
       if (!s.active || s.gen != c.gen || s.finished || !s.error.is_ok()) {
         // Transfer already ended (error or deadline): drop the rest.
-        if (s.active && s.gen == c.gen) {
-          s.cursors_live--;
-          maybe_finish(c.slot);
-        }
+        uint32_t slot = c.slot;
+        bool live = s.active && s.gen == c.gen;
         nic.pending.pop_front();
+        if (live) {
+          s.cursors_live--;
+          maybe_finish(slot);
+        }
         continue;
       }
       if (auto* send = std::get_if<SendReq>(&s.req)) {
@@ -488,12 +490,13 @@ bool Worker::progress_posts() {
                                        send->len, shared_->send_pool->reg->local_desc[0],
                                        make_ctx(kTagSend, s.gen, c.slot));
         if (r.posted == 0 && r.error.is_ok()) break;  // back-pressure
+        uint32_t slot = c.slot;
         nic.pending.pop_front();
         s.cursors_live--;
         did = true;
         if (!r.error.is_ok()) {
           finish(s, r.error);
-          maybe_finish(c.slot);
+          maybe_finish(slot);
         } else {
           s.posted++;
           nic.outstanding++;
@@ -512,16 +515,24 @@ bool Worker::progress_posts() {
         c.next = units[r.posted];  // resume at the first write not taken
         if (!r.error.is_ok()) {
           s.error = r.error;  // stop posting this transfer; wait for what is posted
+          uint32_t slot = c.slot;
           nic.pending.pop_front();
           s.cursors_live--;
-          maybe_finish(c.slot);
+          maybe_finish(slot);
         }
         break;  // back-pressure or error: next NIC
       }
       if (c.next >= c.shard.end) {
+        uint32_t slot = c.slot;
         nic.pending.pop_front();
         s.cursors_live--;
-        maybe_finish(c.slot);
+        maybe_finish(slot);
+      } else if (nic.pending.size() > 1) {
+        // Take turns: a 100 000-page transfer must not starve a small one
+        // queued behind it.
+        Cursor turn = c;
+        nic.pending.pop_front();
+        nic.pending.push_back(turn);
       }
     }
   }
