@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <random>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -161,6 +162,18 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
   const fi_info* info = res->info.get();
   res->nic_name = info->domain_attr->name;
   res->mr_mode = info->domain_attr->mr_mode;
+  // Keys we choose start at a random point: a descriptor kept from a previous
+  // run of this process names keys the new run (almost surely) never issues,
+  // so a stale writer gets a key error instead of writing into new memory.
+  {
+    const size_t key_size = info->domain_attr->mr_key_size;
+    const int bits = key_size == 0 || key_size >= 8 ? 64 : int(key_size * 8);
+    std::random_device rd;
+    uint64_t r = (uint64_t(rd()) << 32) ^ rd();
+    uint64_t mask = bits == 64 ? ~0ull : ((1ull << bits) - 1);
+    // Start in the lower half of the key space so the counter never wraps.
+    res->next_key = bits > 24 ? (r & (mask >> 1)) + 1 : 1;
+  }
   const std::string& nic = res->nic_name;
 
   const size_t queue_depth = (info->tx_attr != nullptr ? info->tx_attr->size : 0) +
