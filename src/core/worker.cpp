@@ -35,6 +35,15 @@ constexpr auto kSpinBeforeBlock = std::chrono::microseconds(200);
 
 }  // namespace
 
+// Transport errors of point-to-point transfers name their peer; group
+// operations fail only their transfer.
+static const NetAddr* failed_peer(const Request& req, uint8_t nic) {
+  if (auto* r = std::get_if<SingleReq>(&req)) return &r->dst.nics[nic].addr;
+  if (auto* r = std::get_if<PagedReq>(&req)) return &r->dst.nics[nic].addr;
+  if (auto* r = std::get_if<SendReq>(&req)) return &r->addr;
+  return nullptr;
+}
+
 Worker::Worker(EngineShared* shared, size_t index, GroupConfig group)
     : shared_(shared), index_(index), group_(std::move(group)) {
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -250,6 +259,13 @@ uint32_t Worker::alloc_slot() {
 
 PeerId Worker::resolve(uint8_t nic, const NetAddr& addr, Status* err) {
   auto& n = nics_[nic];
+  if (!dead_.empty()) {
+    if (auto d = dead_.find(addr); d != dead_.end()) {
+      *err = Status(Code::kUnavailable, fmt::format("peer {} failed earlier: {}", addr.brief(),
+                                                    d->second.message()));
+      return 0;
+    }
+  }
   auto it = n.peers.find(addr);
   if (it != n.peers.end()) return it->second;
   if (addr.transport() != infos_[nic].transport) {
@@ -258,6 +274,26 @@ PeerId Worker::resolve(uint8_t nic, const NetAddr& addr, Status* err) {
                               infos_[nic].provider, infos_[nic].name));
     return 0;
   }
+  if (n.stale.count(addr)) {
+    *err = Status(Code::kAborted,
+                  fmt::format("address {} belongs to a previous incarnation of a peer that has "
+                              "restarted; use its new address or descriptor",
+                              addr.brief()));
+    return 0;
+  }
+  std::string raw(reinterpret_cast<const char*>(addr.raw().data()), addr.raw().size());
+  if (auto old = n.latest.find(raw); old != n.latest.end() && !(old->second == addr)) {
+    // Same endpoint bytes, new incarnation: the peer restarted. Retire the old
+    // entry so nothing resolves to it any more.
+    log().info("NIC {}: peer {} restarted (was {}); the old address is now stale",
+               infos_[nic].name, addr.brief(), old->second.brief());
+    if (auto p = n.peers.find(old->second); p != n.peers.end()) {
+      n.domain->remove_peer(p->second);
+      n.peers.erase(p);
+    }
+    n.stale.insert(old->second);
+    stale_epoch_++;
+  }
   PeerId id = n.domain->add_peer(addr.raw(), err);
   if (!err->is_ok()) {
     *err = Status(err->code(), fmt::format("peer {} via NIC {}: {}", addr.brief(),
@@ -265,7 +301,13 @@ PeerId Worker::resolve(uint8_t nic, const NetAddr& addr, Status* err) {
     return 0;
   }
   n.peers.emplace(addr, id);
+  n.latest[raw] = addr;
   return id;
+}
+
+void Worker::mark_dead(const NetAddr& addr, const Status& why) {
+  if (dead_.emplace(addr, why).second)
+    log().warn("worker {}: peer {} marked failed: {}", index_, addr.brief(), why.message());
 }
 
 void Worker::start_transfer(Command& cmd) {
@@ -356,6 +398,17 @@ Status Worker::prepare(Slot& s) {
       if (*group >= groups_.size())
         return Status(Code::kNotFound, fmt::format("peer group {} not found", *group));
       auto& g = *groups_[*group];
+      if (g.epoch != stale_epoch_) {
+        // A peer restarted since the group was made: refuse groups naming it.
+        for (auto& peer : g.addrs)
+          for (uint8_t k = 0; k < nics_.size(); ++k)
+            if (nics_[k].stale.count(peer[k]))
+              return Status(Code::kAborted,
+                            fmt::format("peer group {} names {}, a peer that has restarted; "
+                                        "make a new group from its new descriptor",
+                                        *group, peer[k].brief()));
+        g.epoch = stale_epoch_;
+      }
       if (g.addrs.size() != targets)
         return Status(Code::kInvalidArgument,
                       fmt::format("peer group {} has {} peers but the request has {} targets",
@@ -514,6 +567,8 @@ bool Worker::progress_posts() {
       if (r.posted < n) {
         c.next = units[r.posted];  // resume at the first write not taken
         if (!r.error.is_ok()) {
+          if (r.error.code() == Code::kUnavailable)
+            if (const NetAddr* a = failed_peer(s.req, k)) mark_dead(*a, r.error);
           s.error = r.error;  // stop posting this transfer; wait for what is posted
           uint32_t slot = c.slot;
           nic.pending.pop_front();
@@ -544,6 +599,7 @@ bool Worker::poll_completions() {
   Completion comps[kPollBatch];
   for (uint8_t k = 0; k < nics_.size(); ++k) {
     Nic& nic = nics_[k];
+    current_nic_ = k;
     size_t n = nic.domain->poll(comps);
     did |= n > 0;
     for (size_t i = 0; i < n; ++i) {
@@ -579,7 +635,11 @@ void Worker::on_write_done(uint64_t ctx, const Status& st) {
   Slot& s = slots_[idx];
   if (!s.active || s.gen != ctx_gen(ctx)) return;  // stale: slot was recycled
   s.completed++;
-  if (!st.is_ok() && s.error.is_ok()) s.error = st;
+  if (!st.is_ok()) {
+    if (st.code() == Code::kUnavailable)
+      if (const NetAddr* a = failed_peer(s.req, current_nic_)) mark_dead(*a, st);
+    if (s.error.is_ok()) s.error = st;
+  }
   maybe_finish(idx);
 }
 
@@ -589,7 +649,11 @@ void Worker::on_send_done(uint64_t ctx, const Status& st) {
   Slot& s = slots_[idx];
   if (!s.active || s.gen != ctx_gen(ctx)) return;
   s.completed++;
-  if (!st.is_ok() && s.error.is_ok()) s.error = st;
+  if (!st.is_ok()) {
+    if (st.code() == Code::kUnavailable)
+      if (const NetAddr* a = failed_peer(s.req, 0)) mark_dead(*a, st);
+    if (s.error.is_ok()) s.error = st;
+  }
   maybe_finish(idx);
 }
 
@@ -716,6 +780,7 @@ PeerGroupHandle Worker::add_peer_group_wt(const std::vector<std::vector<NetAddr>
   auto pgp = std::make_unique<PeerGroup>();
   auto& pg = *pgp;
   pg.addrs = peers;
+  pg.epoch = stale_epoch_;
   pg.peers.resize(peers.size() * kMaxNics);
   for (size_t t = 0; t < peers.size(); ++t) {
     for (uint8_t k = 0; k < nics_.size(); ++k) {

@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <variant>
 #include <vector>
 
@@ -175,10 +176,16 @@ class Worker {
     std::unique_ptr<Domain> domain;
     Ring<Cursor> pending;
     std::unordered_map<NetAddr, PeerId> peers;
+    // Latest incarnation seen per raw endpoint address: an address whose raw
+    // bytes come back with a new incarnation belongs to a restarted peer, and
+    // the old one is stale from then on.
+    std::unordered_map<std::string, NetAddr> latest;
+    std::unordered_set<NetAddr> stale;
     uint64_t outstanding = 0;
   };
   struct PeerGroup {
     std::vector<std::vector<NetAddr>> addrs;
+    uint64_t epoch = 0;  // stale_epoch_ when last checked
     std::vector<PeerId> peers;  // [peer * kMaxNics + nic]
   };
 
@@ -201,6 +208,7 @@ class Worker {
   void maybe_finish(uint32_t idx);
   void finish(Slot& s, Status st);
   PeerId resolve(uint8_t nic, const NetAddr& addr, Status* err);
+  void mark_dead(const NetAddr& addr, const Status& why);
   void post_recv_buffer(uint32_t pool, uint32_t buffer);
   void on_send_done(uint64_t ctx, const Status& st);
   void on_recv_done(uint64_t ctx, uint64_t len, const Status& st);
@@ -224,7 +232,13 @@ class Worker {
   uint32_t rr_ = 0;
   std::vector<std::unique_ptr<PeerGroup>> groups_;  // stable: transfers point into them
   std::vector<RegRef> retired_;
+  // Peers that failed with a transport error: later requests fail at once
+  // instead of waiting for their deadline. A restarted peer has a new
+  // incarnation, hence a new address, and is not affected.
+  std::unordered_map<NetAddr, Status> dead_;
   uint64_t active_ = 0;
+  uint64_t stale_epoch_ = 0;  // bumped whenever an address becomes stale
+  uint8_t current_nic_ = 0;   // NIC whose completions are being handled
   Clock::time_point last_deadline_scan_{};
 };
 

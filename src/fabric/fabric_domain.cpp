@@ -5,7 +5,11 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 #include <algorithm>
 #include <random>
@@ -429,8 +433,14 @@ const char* FabricDomain::missing_shm_peer(std::span<const uint8_t> raw) const {
   const size_t len = strnlen(reinterpret_cast<const char*>(raw.data()), raw.size());
   std::string_view name(reinterpret_cast<const char*>(raw.data()), len);
   if (info_.provider != "shm" || !name.starts_with(kScheme)) return nullptr;
-  std::string path = "/dev/shm/" + std::string(name.substr(kScheme.size()));
+  std::string region(name.substr(kScheme.size()));
+  std::string path = "/dev/shm/" + region;
   if (::access(path.c_str(), F_OK) != 0) return "its shared-memory region is gone (peer exited)";
+  // Regions are named "<pid>:..."; a killed peer leaves its region behind.
+  char* end = nullptr;
+  long pid = std::strtol(region.c_str(), &end, 10);
+  if (end != region.c_str() && *end == ':' && pid > 0 && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH)
+    return "its process no longer exists (peer exited)";
   return nullptr;
 }
 

@@ -132,9 +132,10 @@ WcOutcome CompletionTracker::on_wc(const ibv_wc& wc, core::Completion* out) {
         r.emit = true;
       } else {
         // Peers only write on the rma QP; a send there is a protocol bug.
-        core::log().warn("verbs NIC '{}': unexpected opcode {} ({} bytes) on the rma SRQ from qp "
-                         "{:#x}",
-                         nic_, static_cast<int>(wc.opcode), wc.byte_len, wc.src_qp);
+        core::log().warn(
+            "verbs NIC '{}': unexpected opcode {} ({} bytes) on the rma SRQ from qp "
+            "{:#x}",
+            nic_, static_cast<int>(wc.opcode), wc.byte_len, wc.src_qp);
       }
       return r;
     case WrKind::kUdRecv:

@@ -95,7 +95,7 @@ class OpTable {
 
 // What the datapath must do with one CQE besides handing *out to the engine.
 struct WcOutcome {
-  bool emit = false;        // *out holds a Completion
+  bool emit = false;  // *out holds a Completion
   WrKind kind = WrKind::kNone;
   uint32_t index = 0;       // internal buffer of kRmaRecv / kUdRecv / kUdSend
   uint32_t owner = 0;       // QP slot of a kWrite / kSend (valid when slot_found)

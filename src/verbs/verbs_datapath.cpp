@@ -45,10 +45,10 @@ VerbsDomain::Peer* VerbsDomain::ready_peer(core::PeerId id, Status* error) {
   // work and retries (back-pressure) until the peer is up or has failed.
   hs_connect(id, HsClock::now());
   if (p.hs->state() == HsState::kFailed || (!p.failure.is_ok() && !p.hs->has_endpoint())) {
-    *error = p.failure.is_ok() ? Status(Code::kUnavailable,
-                                        fmt::format("verbs NIC '{}': {} is unreachable",
-                                                    res_->nic_name, peer_name(id)))
-                               : p.failure;
+    *error = p.failure.is_ok()
+                 ? Status(Code::kUnavailable, fmt::format("verbs NIC '{}': {} is unreachable",
+                                                          res_->nic_name, peer_name(id)))
+                 : p.failure;
   }
   return nullptr;
 }
@@ -62,8 +62,8 @@ core::PostResult VerbsDomain::post_writes(std::span<const core::WriteDesc> write
     Peer* p = ready_peer(writes[i].peer, &result.error);
     if (p == nullptr) break;
     QpSlot& qp = qps_[p->rma_qp];
-    const size_t room = std::min<size_t>({kMaxChain, writes.size() - i, user_credits(credits),
-                                          kQpSendDepth - qp.outstanding});
+    const size_t room = std::min<size_t>(
+        {kMaxChain, writes.size() - i, user_credits(credits), kQpSendDepth - qp.outstanding});
     uint64_t ids[kMaxChain];
     size_t k = 0;
     for (; k < room && writes[i + k].peer == writes[i].peer; ++k) {

@@ -28,8 +28,8 @@ void set_error(Status* error, Status s) {
 }
 
 Status verbs_failure(Code code, const std::string& nic, const char* call, int err) {
-  return Status(code, fmt::format("verbs NIC '{}': {} failed: {} ({})", nic, call,
-                                  std::strerror(err), err));
+  return Status(
+      code, fmt::format("verbs NIC '{}': {} failed: {} ({})", nic, call, std::strerror(err), err));
 }
 
 const char* mtu_name(ibv_mtu m) {
@@ -99,13 +99,11 @@ UniqueFd cuda_dmabuf_fd(void* ptr, size_t len, uint64_t* offset, std::string* wh
 
 }  // namespace
 
-std::unique_ptr<core::Domain> open_verbs_domain(const core::DomainOptions& options,
-                                                Status* error) {
+std::unique_ptr<core::Domain> open_verbs_domain(const core::DomainOptions& options, Status* error) {
   return VerbsDomain::open(options, error);
 }
 
-std::unique_ptr<core::Domain> VerbsDomain::open(const core::DomainOptions& options,
-                                                Status* error) {
+std::unique_ptr<core::Domain> VerbsDomain::open(const core::DomainOptions& options, Status* error) {
   int num = 0;
   errno = 0;
   DeviceListPtr list(ibv_get_device_list(&num));
@@ -157,12 +155,12 @@ std::unique_ptr<core::Domain> VerbsDomain::open(const core::DomainOptions& optio
         options.nic_name.empty() ? fmt::format("#{}", options.nic_index) : options.nic_name;
     std::string names;
     for (const auto& s : seen) names += (names.empty() ? "" : ", ") + s;
-    set_error(error, Status(Code::kNotFound,
-                            fmt::format("verbs: no RDMA device {} with an active port{} "
-                                        "(devices: [{}])",
-                                        wanted,
-                                        forced_port > 0 ? fmt::format(" {}", forced_port) : "",
-                                        names)));
+    set_error(
+        error,
+        Status(Code::kNotFound,
+               fmt::format("verbs: no RDMA device {} with an active port{} "
+                           "(devices: [{}])",
+                           wanted, forced_port > 0 ? fmt::format(" {}", forced_port) : "", names)));
     return nullptr;
   }
   list.reset();
@@ -190,9 +188,9 @@ std::unique_ptr<core::Domain> VerbsDomain::open(const core::DomainOptions& optio
   int gid_index = choose_gid_index(table, ips, d->ethernet_, env_gid_index(), &why);
   if (gid_index < 0) {
     if (d->ethernet_ || env_gid_index() >= 0) {
-      set_error(error, Status(Code::kFailedPrecondition,
-                              fmt::format("verbs NIC '{}' port {}: no usable GID: {}", nic, port,
-                                          why)));
+      set_error(error,
+                Status(Code::kFailedPrecondition,
+                       fmt::format("verbs NIC '{}' port {}: no usable GID: {}", nic, port, why)));
       return nullptr;
     }
     gid_index = 0;  // InfiniBand without a readable sysfs table: the port GID
@@ -285,8 +283,8 @@ Status VerbsDomain::open_queues() {
   a.pkey_index = 0;
   a.port_num = port_;
   a.qkey = kQKey;
-  int ret = ibv_modify_qp(ud_qp_.get(), &a,
-                          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY);
+  int ret =
+      ibv_modify_qp(ud_qp_.get(), &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY);
   if (ret == 0) {
     a = {};
     a.qp_state = IBV_QPS_RTR;
@@ -303,7 +301,8 @@ Status VerbsDomain::open_queues() {
   const size_t bytes = (kUdRecvs + kUdSends) * kUdBufSize;
   ud_buf_ = std::make_unique<uint8_t[]>(bytes);
   ud_mr_.reset(ibv_reg_mr(res_->pd.get(), ud_buf_.get(), bytes, IBV_ACCESS_LOCAL_WRITE));
-  if (!ud_mr_) return verbs_failure(Code::kUnavailable, nic, "ibv_reg_mr(handshake buffers)", errno);
+  if (!ud_mr_)
+    return verbs_failure(Code::kUnavailable, nic, "ibv_reg_mr(handshake buffers)", errno);
   for (uint32_t i = 0; i < kUdSends; ++i) ud_send_free_[ud_send_free_count_++] = kUdRecvs + i;
   for (uint32_t i = 0; i < kUdRecvs; ++i) {
     if (!post_ud_recv(i)) {
@@ -355,21 +354,22 @@ std::unique_ptr<core::DomainMr> VerbsDomain::register_mr(void* ptr, size_t len, 
       }
     }
     if (!mr) {
-      core::log().debug("verbs NIC '{}': dma-buf registration of {} unavailable ({}); using "
-                        "ibv_reg_mr (needs nvidia-peermem)",
-                        nic, ptr, why);
+      core::log().debug(
+          "verbs NIC '{}': dma-buf registration of {} unavailable ({}); using "
+          "ibv_reg_mr (needs nvidia-peermem)",
+          nic, ptr, why);
     }
   }
   if (!mr) mr.reset(ibv_reg_mr(res_->pd.get(), ptr, len, access));
   if (!mr) {
     const int err = errno;
-    set_error(error,
-              Status(Code::kUnavailable,
-                     fmt::format("verbs NIC '{}': ibv_reg_mr of {} bytes at {} ({}) failed: {} "
-                                 "({}){}",
-                                 nic, len, ptr, device.to_string(), std::strerror(err), err,
-                                 cuda ? "; GPU memory needs dma-buf support or nvidia-peermem"
-                                      : "")));
+    set_error(
+        error,
+        Status(Code::kUnavailable,
+               fmt::format("verbs NIC '{}': ibv_reg_mr of {} bytes at {} ({}) failed: {} "
+                           "({}){}",
+                           nic, len, ptr, device.to_string(), std::strerror(err), err,
+                           cuda ? "; GPU memory needs dma-buf support or nvidia-peermem" : "")));
     return nullptr;
   }
   core::log().debug("verbs NIC '{}': {} {} bytes at {} lkey {:#x} rkey {:#x}", nic, how, len, ptr,
@@ -418,8 +418,9 @@ core::PeerId VerbsDomain::find_or_create_peer(const UdAddress& ud, Status* error
   }
   AhPtr handle(ibv_create_ah(res_->pd.get(), &ah));
   if (!handle) {
+    const int err = errno;
     set_error(error, verbs_failure(Code::kUnavailable, res_->nic_name,
-                                   fmt::format("ibv_create_ah({})", ud.brief()).c_str(), errno));
+                                   fmt::format("ibv_create_ah({})", ud.brief()).c_str(), err));
     return 0;
   }
   Peer p;
@@ -442,8 +443,8 @@ void VerbsDomain::remove_peer(core::PeerId id) {
   p.msg_qp = p.rma_qp = kNoQp;
   p.live = false;
   p.ah.reset();
-  by_addr_.erase(std::string(reinterpret_cast<const char*>(p.ud.to_bytes().data()),
-                             UdAddress::kSize));
+  by_addr_.erase(
+      std::string(reinterpret_cast<const char*>(p.ud.to_bytes().data()), UdAddress::kSize));
   connecting_ = 0;
   for (const Peer& q : peers_) connecting_ += q.live && q.hs->state() == HsState::kConnecting;
 }
@@ -479,8 +480,8 @@ bool VerbsDomain::create_rc_qp(ibv_srq* srq, uint32_t* slot, Status* error) {
   a.pkey_index = 0;
   a.port_num = port_;
   a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-  const int ret = ibv_modify_qp(qp.get(), &a,
-                                IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  const int ret = ibv_modify_qp(
+      qp.get(), &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   if (ret != 0) {
     *error = verbs_failure(Code::kUnavailable, res_->nic_name, "ibv_modify_qp(RC INIT)", ret);
     return false;
@@ -573,8 +574,8 @@ Status VerbsDomain::modify_rc(ibv_qp* qp, bool rma, uint32_t remote_qpn, uint32_
     a.qp_state = IBV_QPS_INIT;
     a.port_num = port_;
     a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-    ret = ibv_modify_qp(qp, &a,
-                        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    ret =
+        ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
     if (ret != 0) return verbs_failure(Code::kUnavailable, nic, "ibv_modify_qp(RC INIT)", ret);
   }
   a = {};
@@ -593,25 +594,25 @@ Status VerbsDomain::modify_rc(ibv_qp* qp, bool rma, uint32_t remote_qpn, uint32_
     a.ah_attr.grh.hop_limit = 64;
   }
   ret = ibv_modify_qp(qp, &a,
-                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                          IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   if (ret != 0) {
-    return verbs_failure(Code::kUnavailable, nic, rma ? "ibv_modify_qp(rma RTR)" : "ibv_modify_qp(msg RTR)",
-                         ret);
+    return verbs_failure(Code::kUnavailable, nic,
+                         rma ? "ibv_modify_qp(rma RTR)" : "ibv_modify_qp(msg RTR)", ret);
   }
   a = {};
   a.qp_state = IBV_QPS_RTS;
   a.timeout = 14;  // 4.096 us * 2^14 = 67 ms per try
   a.retry_cnt = 7;
-  a.rnr_retry = 7;  // infinite: a peer short of receives stalls us, it does not fail us
+  a.rnr_retry = 7;       // infinite: a peer short of receives stalls us, it does not fail us
   a.sq_psn = local_psn;  // our own PSN, the one the peer's rq_psn expects
   a.max_rd_atomic = 1;
   ret = ibv_modify_qp(qp, &a,
                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
   if (ret != 0) {
-    return verbs_failure(Code::kUnavailable, nic, rma ? "ibv_modify_qp(rma RTS)" : "ibv_modify_qp(msg RTS)",
-                         ret);
+    return verbs_failure(Code::kUnavailable, nic,
+                         rma ? "ibv_modify_qp(rma RTS)" : "ibv_modify_qp(msg RTS)", ret);
   }
   return {};
 }
@@ -622,8 +623,8 @@ Status VerbsDomain::connect_qps(Peer& p, const HsAction& a) {
   Status s = modify_rc(qps_[p.msg_qp].qp.get(), false, a.peer_rc.msg_qpn, a.peer_rc.msg_psn,
                        mine.msg_psn, a.peer_rc.mtu, a.peer_ud, reset);
   if (s.is_ok()) {
-    s = modify_rc(qps_[p.rma_qp].qp.get(), true, a.peer_rc.rma_qpn, a.peer_rc.rma_psn,
-                  mine.rma_psn, a.peer_rc.mtu, a.peer_ud, reset);
+    s = modify_rc(qps_[p.rma_qp].qp.get(), true, a.peer_rc.rma_qpn, a.peer_rc.rma_psn, mine.rma_psn,
+                  a.peer_rc.mtu, a.peer_ud, reset);
   }
   p.bound = true;
   return s;
@@ -648,11 +649,11 @@ void VerbsDomain::run_actions(core::PeerId id, const HsActions& actions) {
         break;
       case HsAction::Kind::kConnected:
         p.failure = Status();
-        core::log().info("verbs NIC '{}': connected to {}: msg qp {:#x}->{:#x}, rma qp "
-                         "{:#x}->{:#x}, epoch {}",
-                         res_->nic_name, peer_name(id), p.hs->local_rc().msg_qpn,
-                         p.hs->peer_rc().msg_qpn, p.hs->local_rc().rma_qpn,
-                         p.hs->peer_rc().rma_qpn, p.hs->epoch());
+        core::log().info(
+            "verbs NIC '{}': connected to {}: msg qp {:#x}->{:#x}, rma qp "
+            "{:#x}->{:#x}, epoch {}",
+            res_->nic_name, peer_name(id), p.hs->local_rc().msg_qpn, p.hs->peer_rc().msg_qpn,
+            p.hs->local_rc().rma_qpn, p.hs->peer_rc().rma_qpn, p.hs->epoch());
         break;
       case HsAction::Kind::kGiveUp:
         p.failure = Status(Code::kUnavailable,

@@ -10,7 +10,6 @@ namespace ferry::verbs {
 
 // Opens one RDMA device: options.nic_name ("mlx5_0") or the options.nic_index-th
 // device with an active port. kUnavailable when the host has no RDMA device.
-std::unique_ptr<core::Domain> open_verbs_domain(const core::DomainOptions& options,
-                                                Status* error);
+std::unique_ptr<core::Domain> open_verbs_domain(const core::DomainOptions& options, Status* error);
 
 }  // namespace ferry::verbs

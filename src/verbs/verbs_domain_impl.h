@@ -33,14 +33,16 @@ inline constexpr uint32_t kSrqDepth = 1024;
 // consumes one (RNR retry is infinite, so running dry only stalls the peer).
 inline constexpr uint32_t kRmaRecvs = 512;
 inline constexpr uint32_t kQpSendDepth = 1024;
-inline constexpr uint32_t kWantInline = 64;  // max_inline_data asked for; the QP reports what it got
+inline constexpr uint32_t kWantInline =
+    64;  // max_inline_data asked for; the QP reports what it got
 inline constexpr uint32_t kUdDepth = 128;
 inline constexpr uint32_t kUdRecvs = 64;
 inline constexpr uint32_t kUdSends = 16;
 inline constexpr size_t kGrhSize = 40;  // UD receives start with the GRH (or 40 unused bytes)
 inline constexpr size_t kUdBufSize = 256;
 static_assert(kGrhSize + HandshakeMsg::kSize <= kUdBufSize);
-inline constexpr uint32_t kQKey = 0x46525259;  // "FRRY": UD datagrams with another qkey are dropped by the NIC
+inline constexpr uint32_t kQKey =
+    0x46525259;  // "FRRY": UD datagrams with another qkey are dropped by the NIC
 inline constexpr int kPollBatch = 32;
 inline constexpr uint32_t kNoQp = UINT32_MAX;
 

@@ -61,7 +61,9 @@ struct AhDeleter {
   }
 };
 struct MrDeleter {
-  void operator()(ibv_mr* m) const noexcept { log_destroy_failure("ibv_dereg_mr", ibv_dereg_mr(m)); }
+  void operator()(ibv_mr* m) const noexcept {
+    log_destroy_failure("ibv_dereg_mr", ibv_dereg_mr(m));
+  }
 };
 
 using DeviceListPtr = std::unique_ptr<ibv_device*, DeviceListDeleter>;

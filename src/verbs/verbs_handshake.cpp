@@ -333,7 +333,16 @@ HsResult HandshakeMachine::on_datagram(const HandshakeMsg& m, HsClock::time_poin
   // already says all of that gets no reply, which ends the exchange.
   const bool peer_lacks_endpoint = !m.ack() || m.dst_epoch != epoch_;
   const bool peer_lacks_connected = state_ == HsState::kConnected && !m.connected();
-  if (learned || peer_lacks_endpoint || peer_lacks_connected) send(out);
+  if (learned || peer_lacks_endpoint || peer_lacks_connected) {
+    send(out);
+    // A reply sent when the timer is due anyway counts as that transmission
+    // (a passive side installs its endpoint with the timer due now).
+    if (state_ == HsState::kConnecting && now >= next_retx_) {
+      ++attempts_;
+      next_retx_ = now + rto_;
+      rto_ = std::min(rto_ * 2, cfg_.max_rto);
+    }
+  }
   return HsResult::kOk;
 }
 

@@ -121,16 +121,16 @@ const char* hs_state_name(HsState s) noexcept;
 
 struct HsAction {
   enum class Kind : uint8_t {
-    kSend,         // send `msg` to the peer's UD address
-    kConnectQps,   // bring our QPs to RTS towards `peer_rc` (retarget: RESET them first)
-    kConnected,    // the peer is usable: ops held back for it may be posted
-    kGiveUp,       // handshake failed: fail what waits for this peer
+    kSend,        // send `msg` to the peer's UD address
+    kConnectQps,  // bring our QPs to RTS towards `peer_rc` (retarget: RESET them first)
+    kConnected,   // the peer is usable: ops held back for it may be posted
+    kGiveUp,      // handshake failed: fail what waits for this peer
   };
   Kind kind = Kind::kSend;
   bool retarget = false;
-  HandshakeMsg msg;   // kSend
-  RcEndpoint peer_rc; // kConnectQps
-  UdAddress peer_ud;  // kConnectQps
+  HandshakeMsg msg;    // kSend
+  RcEndpoint peer_rc;  // kConnectQps
+  UdAddress peer_ud;   // kConnectQps
 };
 
 // Fixed capacity: one event never produces more than this many actions, and
