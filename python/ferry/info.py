@@ -19,6 +19,7 @@ def collect(providers: tuple[str, ...] = PROVIDERS) -> dict[str, Any]:
         import ferry
 
         info["package"] = ferry.__file__
+        info["extension"] = _ferry.__file__
     except Exception:  # pragma: no cover
         pass
     found = []
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     b = info["build"]
     print(f"ferry {b['version']} (python {info['python']})")
-    print(f"  extension : {info.get('package', '?')}")
+    print(f"  package   : {info.get('package', '?')}")
+    print(f"  extension : {info.get('extension', '?')}")
     print(f"  CUDA      : {'built' if b['cuda'] else 'not built'}")
     print(f"  libfabric : headers {b['libfabric_headers']}, runtime {b['libfabric_runtime']}")
     print(f"  nanobind  : {b['nanobind']}; compiler {b['compiler']}; assertions {b['assertions']}")

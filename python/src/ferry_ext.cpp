@@ -133,7 +133,9 @@ nb::object make_error(const Status& s) {
   return exc;
 }
 
-[[noreturn]] void invalid(std::string msg) { throw Error(Code::kInvalidArgument, std::move(msg)); }
+[[noreturn]] void invalid(std::string msg) {
+  throw Error(Code::kInvalidArgument, std::move(msg));
+}
 
 // Per-engine state that callbacks reach; outlives the engine object if a
 // callback is still queued when it goes.
@@ -264,19 +266,26 @@ std::vector<uint32_t> page_indices(nb::handle obj, const char* side) {
     for (nb::handle item : seq) {
       int64_t v = 0;
       if (!nb::try_cast(item, v, false))
-        invalid(std::string(side) + " pages: expected ints, got " + nb::type_name(item.type()).c_str());
-      out.push_back(u32(v, side));
+        invalid(std::string(side) + " pages: expected ints, got " +
+                nb::type_name(item.type()).c_str());
+      if (v < 0 || v > int64_t(UINT32_MAX))
+        invalid(std::string(side) + " pages: index " + std::to_string(v) + " at position " +
+                std::to_string(out.size()) + " is outside [0, 2**32)");
+      out.push_back(uint32_t(v));
     }
     return out;
   }
   nb::ndarray<nb::ro> a;
   if (!nb::try_cast(obj, a, false))
-    invalid(std::string(side) + " pages: expected a 1-D int32/uint32/int64 array (NumPy, torch, "
-            "DLPack or buffer protocol) or a list of ints, got " + nb::type_name(obj.type()).c_str());
+    invalid(std::string(side) +
+            " pages: expected a 1-D int32/uint32/int64 array (NumPy, torch, "
+            "DLPack or buffer protocol) or a list of ints, got " +
+            nb::type_name(obj.type()).c_str());
   if (a.device_type() != nb::device::cpu::value)
     invalid(std::string(side) + " pages must be in host memory (got a device array)");
-  if (a.ndim() != 1) invalid(std::string(side) + " pages must be a 1-D array (got " +
-                             std::to_string(a.ndim()) + " dimensions)");
+  if (a.ndim() != 1)
+    invalid(std::string(side) + " pages must be a 1-D array (got " + std::to_string(a.ndim()) +
+            " dimensions)");
   const size_t n = a.shape(0);
   if (n > 1 && a.stride(0) != 1)
     invalid(std::string(side) + " pages must be contiguous (got stride " +
@@ -335,9 +344,9 @@ class PyImmCounter {
     non_negative(n, "n");
     if (timeout && !(*timeout >= 0)) invalid("timeout must be a non-negative number of seconds");
     const auto start = Clock::now();
-    const auto deadline =
-        timeout ? start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout))
-                : Clock::time_point::max();
+    const auto deadline = timeout ? start + std::chrono::duration_cast<Clock::duration>(
+                                                std::chrono::duration<double>(*timeout))
+                                  : Clock::time_point::max();
     for (;;) {
       auto now = Clock::now();
       auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(100));
@@ -350,10 +359,10 @@ class PyImmCounter {
       if (st.is_ok()) return;
       if (st.code() != Code::kDeadlineExceeded) throw Error(st);
       if (Clock::now() >= deadline) {
-        throw Error(Code::kDeadlineExceeded,
-                    "ImmCounter(" + std::to_string(imm_) + ").wait(" + std::to_string(n) +
-                        "): only " + std::to_string(c_.value()) + " arrival(s) after " +
-                        std::to_string(*timeout) + " s");
+        throw Error(Code::kDeadlineExceeded, "ImmCounter(" + std::to_string(imm_) + ").wait(" +
+                                                 std::to_string(n) + "): only " +
+                                                 std::to_string(c_.value()) + " arrival(s) after " +
+                                                 std::to_string(*timeout) + " s");
       }
       if (PyErr_CheckSignals() != 0) throw nb::python_error();
     }
@@ -378,9 +387,9 @@ class PyTransferCounter {
   uint64_t errors() const { return s_->errors.load(); }
   void wait(uint64_t n, std::optional<double> timeout) {
     if (timeout && !(*timeout >= 0)) invalid("timeout must be a non-negative number of seconds");
-    const auto deadline =
-        timeout ? Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout))
-                : Clock::time_point::max();
+    const auto deadline = timeout ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                       std::chrono::duration<double>(*timeout))
+                                  : Clock::time_point::max();
     auto last_signal_check = Clock::now();
     while (s_->done.load(std::memory_order_acquire) < n) {
       {
@@ -391,9 +400,9 @@ class PyTransferCounter {
       auto now = Clock::now();
       if (s_->done.load() >= n) break;
       if (now >= deadline)
-        throw Error(Code::kDeadlineExceeded, "TransferCounter.wait(" + std::to_string(n) + "): " +
-                                                 std::to_string(s_->done.load()) + " done after " +
-                                                 std::to_string(*timeout) + " s");
+        throw Error(Code::kDeadlineExceeded, "TransferCounter.wait(" + std::to_string(n) +
+                                                 "): " + std::to_string(s_->done.load()) +
+                                                 " done after " + std::to_string(*timeout) + " s");
       if (now - last_signal_check > std::chrono::milliseconds(50)) {
         last_signal_check = now;
         if (PyErr_CheckSignals() != 0) throw nb::python_error();
@@ -435,7 +444,8 @@ class PyEngine {
     c.nics_per_group = nics_per_group;
     c.poll_mode = busy ? PollMode::kBusy : PollMode::kAdaptive;
     c.callback_cpu = callback_cpu;
-    if (!(default_timeout >= 0)) invalid("default_timeout must be a non-negative number of seconds");
+    if (!(default_timeout >= 0))
+      invalid("default_timeout must be a non-negative number of seconds");
     c.default_deadline = std::chrono::milliseconds(int64_t(default_timeout * 1000.0 + 0.5));
     if (default_timeout > 0 && c.default_deadline.count() == 0)
       c.default_deadline = std::chrono::milliseconds(1);
@@ -519,8 +529,9 @@ class PyEngine {
     RecvCallback f = [slot, sh](std::span<const uint8_t> msg) {
       run_py(*sh, "receive callback", [&] {
         if (!slot->fn) return;
-        nb::object mv = nb::steal(PyMemoryView_FromMemory(
-            reinterpret_cast<char*>(const_cast<uint8_t*>(msg.data())), Py_ssize_t(msg.size()), PyBUF_READ));
+        nb::object mv = nb::steal(
+            PyMemoryView_FromMemory(reinterpret_cast<char*>(const_cast<uint8_t*>(msg.data())),
+                                    Py_ssize_t(msg.size()), PyBUF_READ));
         if (!mv.is_valid()) throw nb::python_error();
         bool ok = true;
         try {
@@ -781,6 +792,7 @@ nb::tuple describe_buffer(nb::handle obj) {
       if (a.shape(i) != 1 && a.stride(i) != expect) contig = false;
       expect *= int64_t(a.shape(i));
     }
+    if (a.size() == 0) contig = true;  // empty: reg_mr reports the zero length
     std::string dev;
     switch (a.device_type()) {
       case nb::device::cpu::value:
@@ -801,6 +813,15 @@ nb::tuple describe_buffer(nb::handle obj) {
   if (nb::try_cast(obj, rw, false)) return describe(rw, false);
   nb::ndarray<nb::ro> ro;
   if (nb::try_cast(obj, ro, false)) return describe(ro, true);
+  if (nb::hasattr(obj, "__dlpack__")) {
+    // Say why the producer refused (e.g. torch: a tensor that requires grad).
+    try {
+      obj.attr("__dlpack__")();
+    } catch (nb::python_error& e) {
+      invalid(std::string("cannot register this ") + nb::type_name(obj.type()).c_str() +
+              ": its __dlpack__() failed: " + e.what());
+    }
+  }
   invalid(std::string("cannot register an object of type ") + nb::type_name(obj.type()).c_str() +
           ": it exposes neither DLPack (__dlpack__) nor the buffer protocol; use "
           "register_memory(ptr, length, device) for raw memory");
@@ -823,8 +844,8 @@ nb::tuple probe_provider(const std::string& prov) {
           FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_HMEM;
       hints->fabric_attr->prov_name = strdup(prov.c_str());  // freed by fi_freeinfo
       fi_info* list = nullptr;
-      int rc = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), nullptr, nullptr, 0, hints,
-                          &list);
+      int rc = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), nullptr, nullptr, 0,
+                          hints, &list);
       fi_freeinfo(hints);
       if (rc != 0) {
         error = fi_strerror(-rc);
@@ -833,7 +854,8 @@ nb::tuple probe_provider(const std::string& prov) {
         for (fi_info* i = list; i != nullptr; i = i->next) {
           std::string name = i->domain_attr && i->domain_attr->name ? i->domain_attr->name : "?";
           std::string fabric = i->fabric_attr && i->fabric_attr->name ? i->fabric_attr->name : "?";
-          std::string p = i->fabric_attr && i->fabric_attr->prov_name ? i->fabric_attr->prov_name : prov;
+          std::string p =
+              i->fabric_attr && i->fabric_attr->prov_name ? i->fabric_attr->prov_name : prov;
           if (!seen.insert(p + "/" + name).second) continue;
           domains.emplace_back(name, fabric, p, (i->caps & FI_HMEM) != 0);
         }
@@ -852,7 +874,8 @@ nb::dict build_info() {
 #else
   d["cuda"] = false;
 #endif
-  d["libfabric_headers"] = std::to_string(FI_MAJOR_VERSION) + "." + std::to_string(FI_MINOR_VERSION);
+  d["libfabric_headers"] =
+      std::to_string(FI_MAJOR_VERSION) + "." + std::to_string(FI_MINOR_VERSION);
   uint32_t v = fi_version();
   d["libfabric_runtime"] = std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
   d["nanobind"] = std::to_string(NB_VERSION_MAJOR) + "." + std::to_string(NB_VERSION_MINOR) + "." +
@@ -941,16 +964,19 @@ NB_MODULE(_ferry, m) {
         Py_XDECREF(g_error_hook);
         g_error_hook = hook.inc_ref().ptr();
       },
-      "hook"_a, "hook(where, exc) is called (GIL held) for every exception a user callback raises.");
+      "hook"_a,
+      "hook(where, exc) is called (GIL held) for every exception a user callback raises.");
   m.def(
-      "make_error", [](const std::string& code, const std::string& message) {
+      "make_error",
+      [](const std::string& code, const std::string& message) {
         for (int c = 0; c <= int(Code::kAborted); ++c)
           if (code_name(Code(c)) == code) return make_error(Status(Code(c), message));
         invalid("unknown status code '" + code + "'");
       },
       "code"_a, "message"_a, "The ferry exception for a status code name such as 'NOT_FOUND'.");
-  m.def("in_callback", [] { return t_callback_depth > 0; },
-        "True while running inside a ferry callback (on the engine's callback thread).");
+  m.def(
+      "in_callback", [] { return t_callback_depth > 0; },
+      "True while running inside a ferry callback (on the engine's callback thread).");
   m.def("describe_buffer", &describe_buffer, "obj"_a,
         "(ptr, nbytes, device, readonly, c_contiguous) of an object exposing DLPack or the buffer "
         "protocol.");
@@ -961,113 +987,160 @@ NB_MODULE(_ferry, m) {
   // ---- addresses and descriptors
   nb::class_<NetAddr>(m, "NetAddr",
                       "The address of one NIC endpoint of one engine incarnation (opaque bytes).")
+      .def(
+          "__init__",
+          [](NetAddr* self, nb::handle b) {
+            new (self) NetAddr(NetAddr::from_bytes(ByteView(b, "NetAddr").span()));
+          },
+          "data"_a, "Same as NetAddr.from_bytes(data).")
       .def_static(
           "from_bytes",
-          [](nb::handle b) { return NetAddr::from_bytes(ByteView(b, "NetAddr.from_bytes").span()); },
+          [](nb::handle b) {
+            return NetAddr::from_bytes(ByteView(b, "NetAddr.from_bytes").span());
+          },
           "data"_a, "Decodes bytes produced by bytes(); raises InvalidArgument when malformed.")
       .def_static("from_hex", &NetAddr::from_hex, "text"_a, "Decodes hex() output.")
-      .def("bytes", [](const NetAddr& a) { return to_pybytes(a.bytes()); }, "The wire form.")
+      .def(
+          "bytes", [](const NetAddr& a) { return to_pybytes(a.bytes()); }, "The wire form.")
       .def("hex", &NetAddr::to_hex, "The wire form as lowercase hex.")
-      .def_prop_ro("transport", [](const NetAddr& a) {
-        switch (a.transport()) {
-          case Transport::kFabric: return "fabric";
-          case Transport::kVerbs: return "verbs";
-          case Transport::kNvlink: return "nvlink";
-        }
-        return "?";
-      }, "Transport family: 'fabric', 'verbs' or 'nvlink'.")
+      .def_prop_ro(
+          "transport",
+          [](const NetAddr& a) {
+            switch (a.transport()) {
+              case Transport::kFabric:
+                return "fabric";
+              case Transport::kVerbs:
+                return "verbs";
+              case Transport::kNvlink:
+                return "nvlink";
+            }
+            return "?";
+          },
+          "Transport family: 'fabric', 'verbs' or 'nvlink'.")
       .def_prop_ro("incarnation", &NetAddr::incarnation, "Random id of the owning engine's run.")
-      .def_prop_ro("raw", [](const NetAddr& a) { return to_pybytes(a.raw()); },
-                   "The provider's raw endpoint name.")
-      .def("__eq__", [](const NetAddr& a, const NetAddr& b) { return a == b; }, nb::is_operator())
-      .def("__ne__", [](const NetAddr& a, const NetAddr& b) { return !(a == b); }, nb::is_operator())
+      .def_prop_ro(
+          "raw", [](const NetAddr& a) { return to_pybytes(a.raw()); },
+          "The provider's raw endpoint name.")
+      .def(
+          "__eq__", [](const NetAddr& a, const NetAddr& b) { return a == b; }, nb::is_operator())
+      .def(
+          "__ne__", [](const NetAddr& a, const NetAddr& b) { return !(a == b); }, nb::is_operator())
       .def("__hash__", [](const NetAddr& a) { return a.hash(); })
       .def("__repr__", [](const NetAddr& a) { return "NetAddr(" + a.brief() + ")"; })
       .def("__reduce__", [](nb::handle self) {
         const NetAddr& a = nb::cast<const NetAddr&>(self);
-        return nb::make_tuple(self.type().attr("from_bytes"), nb::make_tuple(to_pybytes(a.bytes())));
+        return nb::make_tuple(self.type(), nb::make_tuple(to_pybytes(a.bytes())));
       });
 
   nb::class_<MrDesc>(m, "MrDesc",
                      "Serialisable descriptor of a registered region: what a peer needs to write "
                      "into it. Send it to peers with bytes()/hex() or pickle.")
+      .def(
+          "__init__",
+          [](MrDesc* self, nb::handle b) {
+            new (self) MrDesc(MrDesc::from_bytes(ByteView(b, "MrDesc").span()));
+          },
+          "data"_a, "Same as MrDesc.from_bytes(data).")
       .def_static(
           "from_bytes",
           [](nb::handle b) { return MrDesc::from_bytes(ByteView(b, "MrDesc.from_bytes").span()); },
           "data"_a, "Decodes bytes produced by bytes(); raises InvalidArgument when malformed.")
       .def_static("from_hex", &MrDesc::from_hex, "text"_a, "Decodes hex() output.")
-      .def("bytes", [](const MrDesc& d) { return to_pybytes(d.to_bytes()); }, "The wire form.")
+      .def(
+          "bytes", [](const MrDesc& d) { return to_pybytes(d.to_bytes()); }, "The wire form.")
       .def("hex", &MrDesc::to_hex, "The wire form as lowercase hex.")
       .def_ro("ptr", &MrDesc::ptr, "The owner's virtual base address (informational).")
       .def_ro("length", &MrDesc::len, "Size of the region in bytes.")
-      .def_prop_ro("device", [](const MrDesc& d) { return device_str(d.device); },
-                   "'cpu' or 'cuda:N'.")
-      .def_prop_ro("addresses", [](const MrDesc& d) {
-        std::vector<NetAddr> v;
-        for (const auto& n : d.nics) v.push_back(n.addr);
-        return v;
-      }, "The owner's NIC addresses, in NIC order.")
-      .def_prop_ro("nics", [](const MrDesc& d) {
-        std::vector<std::tuple<NetAddr, uint64_t, uint64_t>> v;
-        for (const auto& n : d.nics) v.emplace_back(n.addr, n.rkey, n.base);
-        return v;
-      }, "[(address, rkey, base)] per NIC of the owner's group.")
-      .def("__eq__", [](const MrDesc& a, const MrDesc& b) { return a == b; }, nb::is_operator())
-      .def("__ne__", [](const MrDesc& a, const MrDesc& b) { return !(a == b); }, nb::is_operator())
-      .def("__hash__", [](const MrDesc& d) {
-        auto b = d.to_bytes();
-        return std::hash<std::string_view>{}(
-            std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
-      })
-      .def("__repr__", [](const MrDesc& d) {
-        return "MrDesc(" + std::to_string(d.len) + " bytes on " + device_str(d.device) + ", " +
-               std::to_string(d.nics.size()) + " NIC(s), owner " +
-               (d.nics.empty() ? std::string("?") : d.nics[0].addr.brief()) + ")";
-      })
+      .def_prop_ro(
+          "device", [](const MrDesc& d) { return device_str(d.device); }, "'cpu' or 'cuda:N'.")
+      .def_prop_ro(
+          "addresses",
+          [](const MrDesc& d) {
+            std::vector<NetAddr> v;
+            for (const auto& n : d.nics) v.push_back(n.addr);
+            return v;
+          },
+          "The owner's NIC addresses, in NIC order.")
+      .def_prop_ro(
+          "nics",
+          [](const MrDesc& d) {
+            std::vector<std::tuple<NetAddr, uint64_t, uint64_t>> v;
+            for (const auto& n : d.nics) v.emplace_back(n.addr, n.rkey, n.base);
+            return v;
+          },
+          "[(address, rkey, base)] per NIC of the owner's group.")
+      .def(
+          "__eq__", [](const MrDesc& a, const MrDesc& b) { return a == b; }, nb::is_operator())
+      .def(
+          "__ne__", [](const MrDesc& a, const MrDesc& b) { return !(a == b); }, nb::is_operator())
+      .def("__hash__",
+           [](const MrDesc& d) {
+             auto b = d.to_bytes();
+             return std::hash<std::string_view>{}(
+                 std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
+           })
+      .def("__repr__",
+           [](const MrDesc& d) {
+             return "MrDesc(" + std::to_string(d.len) + " bytes on " + device_str(d.device) + ", " +
+                    std::to_string(d.nics.size()) + " NIC(s), owner " +
+                    (d.nics.empty() ? std::string("?") : d.nics[0].addr.brief()) + ")";
+           })
       .def("__reduce__", [](nb::handle self) {
         const MrDesc& d = nb::cast<const MrDesc&>(self);
-        return nb::make_tuple(self.type().attr("from_bytes"), nb::make_tuple(to_pybytes(d.to_bytes())));
+        return nb::make_tuple(self.type(), nb::make_tuple(to_pybytes(d.to_bytes())));
       });
 
   nb::class_<PyMrHandle>(m, "MrHandle",
                          "Local handle of a registered region. Holds a reference to the registered "
                          "object; pass it to unregister() when done.")
-      .def_prop_ro("ptr", [](const PyMrHandle& h) { return uint64_t(uintptr_t(h.h.ptr)); },
-                   "Base address of the region.")
-      .def_prop_ro("id", [](const PyMrHandle& h) { return h.h.id; }, "Registration id.")
+      .def_prop_ro(
+          "ptr", [](const PyMrHandle& h) { return uint64_t(uintptr_t(h.h.ptr)); },
+          "Base address of the region.")
+      .def_prop_ro(
+          "id", [](const PyMrHandle& h) { return h.h.id; }, "Registration id.")
       .def_ro("length", &PyMrHandle::len, "Size of the region in bytes.")
-      .def_prop_ro("device", [](const PyMrHandle& h) { return device_str(h.device); },
-                   "'cpu' or 'cuda:N'.")
+      .def_prop_ro(
+          "device", [](const PyMrHandle& h) { return device_str(h.device); }, "'cpu' or 'cuda:N'.")
       .def_ro("writable", &PyMrHandle::writable,
               "False when registered with writable=False (a read-only source).")
       .def_ro("registered", &PyMrHandle::registered, "False after unregister().")
       .def_ro("obj", &PyMrHandle::owner, "The registered Python object (None for register_memory).")
       .def_ro("desc", &PyMrHandle::desc, "The region's descriptor (also returned by register).")
       .def("__repr__", [](const PyMrHandle& h) {
-        return "MrHandle(id=" + std::to_string(h.h.id) + ", " + std::to_string(h.len) + " bytes on " +
-               device_str(h.device) + (h.registered ? "" : ", unregistered") + ")";
+        return "MrHandle(id=" + std::to_string(h.h.id) + ", " + std::to_string(h.len) +
+               " bytes on " + device_str(h.device) + (h.registered ? "" : ", unregistered") + ")";
       });
 
   // ---- routes
   nb::class_<WriteRoute>(m, "WriteRoute", "How a single write is placed on the group's NICs.")
-      .def_static("split", [](int64_t max_shards, int64_t min_piece) {
-        return WriteRoute::split(nic_index(max_shards), non_negative(min_piece, "min_piece"));
-      }, "max_shards"_a = 0, "min_piece"_a = 256 << 10,
-                  "Cut into up to max_shards pieces (0 = all NICs) of at least min_piece bytes.")
-      .def_static("pinned", [](int64_t nic) { return WriteRoute::pinned(nic_index(nic)); }, "nic"_a,
-                  "The whole write on NIC `nic`.")
+      .def_static(
+          "split",
+          [](int64_t max_shards, int64_t min_piece) {
+            return WriteRoute::split(nic_index(max_shards), non_negative(min_piece, "min_piece"));
+          },
+          "max_shards"_a = 0, "min_piece"_a = 256 << 10,
+          "Cut into up to max_shards pieces (0 = all NICs) of at least min_piece bytes.")
+      .def_static(
+          "pinned", [](int64_t nic) { return WriteRoute::pinned(nic_index(nic)); }, "nic"_a,
+          "The whole write on NIC `nic`.")
       .def_static("round_robin", &WriteRoute::round_robin,
                   "The whole write on the next NIC of a per-group rotation.")
-      .def_prop_ro("kind", [](const WriteRoute& r) {
-        return r.kind == WriteRoute::Kind::kSplit ? "split"
-               : r.kind == WriteRoute::Kind::kPinned ? "pinned" : "round_robin";
-      })
+      .def_prop_ro("kind",
+                   [](const WriteRoute& r) {
+                     return r.kind == WriteRoute::Kind::kSplit    ? "split"
+                            : r.kind == WriteRoute::Kind::kPinned ? "pinned"
+                                                                  : "round_robin";
+                   })
       .def_ro("nic", &WriteRoute::nic)
       .def_ro("max_shards", &WriteRoute::max_shards)
       .def_ro("min_piece", &WriteRoute::min_piece)
-      .def("__eq__", [](const WriteRoute& a, const WriteRoute& b) {
-        return a.kind == b.kind && a.nic == b.nic && a.max_shards == b.max_shards && a.min_piece == b.min_piece;
-      }, nb::is_operator())
+      .def(
+          "__eq__",
+          [](const WriteRoute& a, const WriteRoute& b) {
+            return a.kind == b.kind && a.nic == b.nic && a.max_shards == b.max_shards &&
+                   a.min_piece == b.min_piece;
+          },
+          nb::is_operator())
       .def("__repr__", &write_route_repr);
 
   nb::class_<GroupRoute>(m, "GroupRoute", "How scatter and barrier spread targets over NICs.")
@@ -1075,43 +1148,62 @@ NB_MODULE(_ferry, m) {
                   "Targets divided into contiguous runs, one run per NIC.")
       .def_static("shard_bytes", &GroupRoute::shard_bytes,
                   "Every target's bytes divided over all NICs.")
-      .def_static("pinned", [](int64_t nic) { return GroupRoute::pinned(nic_index(nic)); }, "nic"_a,
-                  "Everything on NIC `nic`.")
-      .def_prop_ro("kind", [](const GroupRoute& r) {
-        return r.kind == GroupRoute::Kind::kShardPeers ? "shard_peers"
-               : r.kind == GroupRoute::Kind::kShardBytes ? "shard_bytes" : "pinned";
-      })
+      .def_static(
+          "pinned", [](int64_t nic) { return GroupRoute::pinned(nic_index(nic)); }, "nic"_a,
+          "Everything on NIC `nic`.")
+      .def_prop_ro("kind",
+                   [](const GroupRoute& r) {
+                     return r.kind == GroupRoute::Kind::kShardPeers   ? "shard_peers"
+                            : r.kind == GroupRoute::Kind::kShardBytes ? "shard_bytes"
+                                                                      : "pinned";
+                   })
       .def_ro("nic", &GroupRoute::nic)
-      .def("__eq__", [](const GroupRoute& a, const GroupRoute& b) {
-        return a.kind == b.kind && a.nic == b.nic;
-      }, nb::is_operator())
+      .def(
+          "__eq__",
+          [](const GroupRoute& a, const GroupRoute& b) {
+            return a.kind == b.kind && a.nic == b.nic;
+          },
+          nb::is_operator())
       .def("__repr__", &group_route_repr);
 
   nb::class_<ScatterDst>(m, "ScatterDst", "One target of submit_scatter.")
-      .def("__init__", [](ScatterDst* self, int64_t length, int64_t src_offset, const MrDesc& dst,
-                          int64_t dst_offset) {
-        new (self) ScatterDst{non_negative(length, "length"), non_negative(src_offset, "src_offset"),
-                              dst, non_negative(dst_offset, "dst_offset")};
-      }, "length"_a, "src_offset"_a, "dst"_a, "dst_offset"_a = 0)
+      .def(
+          "__init__",
+          [](ScatterDst* self, int64_t length, int64_t src_offset, const MrDesc& dst,
+             int64_t dst_offset) {
+            new (self)
+                ScatterDst{non_negative(length, "length"), non_negative(src_offset, "src_offset"),
+                           dst, non_negative(dst_offset, "dst_offset")};
+          },
+          "length"_a, "src_offset"_a, "dst"_a, "dst_offset"_a = 0)
       .def_ro("length", &ScatterDst::len)
       .def_ro("src_offset", &ScatterDst::src_offset)
       .def_ro("dst", &ScatterDst::dst)
       .def_ro("dst_offset", &ScatterDst::dst_offset)
       .def("__repr__", [](const ScatterDst& s) {
-        return "ScatterDst(length=" + std::to_string(s.len) + ", src_offset=" +
-               std::to_string(s.src_offset) + ", dst_offset=" + std::to_string(s.dst_offset) + ")";
+        return "ScatterDst(length=" + std::to_string(s.len) +
+               ", src_offset=" + std::to_string(s.src_offset) +
+               ", dst_offset=" + std::to_string(s.dst_offset) + ")";
       });
 
   // ---- immediate plans
-  nb::class_<ImmPlan>(m, "ImmPlan",
-                      "Number of immediates the receiver gets for a request, for both sides to use.")
-      .def_static("single_write", [](int64_t len, const WriteRoute& route, int64_t nics) {
-        return ImmPlan::single_write(non_negative(len, "length"), route, non_negative(nics, "nics"));
-      }, "length"_a, "route"_a, "nics"_a, "Immediates for one submit_write of `length` bytes.")
+  nb::class_<ImmPlan>(
+      m, "ImmPlan", "Number of immediates the receiver gets for a request, for both sides to use.")
+      .def_static(
+          "single_write",
+          [](int64_t len, const WriteRoute& route, int64_t nics) {
+            return ImmPlan::single_write(non_negative(len, "length"), route,
+                                         non_negative(nics, "nics"));
+          },
+          "length"_a, "route"_a, "nics"_a, "Immediates for one submit_write of `length` bytes.")
       .def_static("paged_writes", &ImmPlan::paged_writes, "pages"_a, "One immediate per page.")
-      .def_static("scatter_target", [](int64_t len, const GroupRoute& route, int64_t nics) {
-        return ImmPlan::scatter_target(non_negative(len, "length"), route, non_negative(nics, "nics"));
-      }, "length"_a, "route"_a, "nics"_a, "Immediates one scatter target receives.")
+      .def_static(
+          "scatter_target",
+          [](int64_t len, const GroupRoute& route, int64_t nics) {
+            return ImmPlan::scatter_target(non_negative(len, "length"), route,
+                                           non_negative(nics, "nics"));
+          },
+          "length"_a, "route"_a, "nics"_a, "Immediates one scatter target receives.")
       .def_static("barrier_target", &ImmPlan::barrier_target, "One per barrier target.")
       .def_static("imm", &ImmPlan::imm, "One per submit_imm.");
 
@@ -1126,7 +1218,8 @@ NB_MODULE(_ferry, m) {
            "Wait (GIL released) until n arrivals can be consumed, then consume them. Raises "
            "ferry.Timeout (consuming nothing) after `timeout` seconds; None waits forever.")
       .def("__repr__", [](const PyImmCounter& c) {
-        return "ImmCounter(imm=" + std::to_string(c.imm()) + ", value=" + std::to_string(c.value()) + ")";
+        return "ImmCounter(imm=" + std::to_string(c.imm()) +
+               ", value=" + std::to_string(c.value()) + ")";
       });
 
   nb::class_<PyTransferCounter>(m, "TransferCounter",
@@ -1138,8 +1231,8 @@ NB_MODULE(_ferry, m) {
       .def("wait", &PyTransferCounter::wait, "n"_a, "timeout"_a.none() = nb::none(),
            "Wait (GIL released) until `done` reaches n; raises ferry.Timeout after `timeout` s.")
       .def("__repr__", [](const PyTransferCounter& c) {
-        return "TransferCounter(done=" + std::to_string(c.done()) + ", errors=" +
-               std::to_string(c.errors()) + ")";
+        return "TransferCounter(done=" + std::to_string(c.done()) +
+               ", errors=" + std::to_string(c.errors()) + ")";
       });
 
   // ---- engine
@@ -1150,7 +1243,8 @@ NB_MODULE(_ferry, m) {
   using E = PyEngine;
   const auto none = nb::none();
   nb::class_<E>(m, "Engine", "The C++ TransferEngine (use ferry.TransferEngine).")
-      .def(nb::init<std::string, std::vector<GroupSpec>, size_t, bool, int, double, size_t, size_t>(),
+      .def(nb::init<std::string, std::vector<GroupSpec>, size_t, bool, int, double, size_t,
+                    size_t>(),
            "provider"_a, "groups"_a, "nics_per_group"_a, "busy"_a, "callback_cpu"_a,
            "default_timeout"_a, "send_buffer_size"_a, "send_buffer_count"_a)
       .def_prop_ro("main_address", &E::main_address)
@@ -1161,11 +1255,11 @@ NB_MODULE(_ferry, m) {
       .def_prop_ro("incarnation", &E::incarnation)
       .def_prop_ro("callback_errors", &E::callback_errors)
       .def_prop_ro("stopped", &E::stopped)
-      .def("register_memory", &E::register_memory, "ptr"_a, "length"_a, "device"_a, "owner"_a.none(),
-           "writable"_a)
+      .def("register_memory", &E::register_memory, "ptr"_a, "length"_a, "device"_a,
+           "owner"_a.none(), "writable"_a)
       .def("unregister", &E::unregister, "handle"_a)
-      .def("submit_send", &E::submit_send, "addr"_a, "data"_a, "future"_a.none(), "on_done"_a.none(),
-           "counter"_a.none())
+      .def("submit_send", &E::submit_send, "addr"_a, "data"_a, "future"_a.none(),
+           "on_done"_a.none(), "counter"_a.none())
       .def("submit_recvs", &E::submit_recvs, "length"_a, "count"_a, "callback"_a)
       .def("submit_write", &E::submit_write, "src"_a, "src_offset"_a, "length"_a, "dst"_a,
            "dst_offset"_a, "imm"_a.none(), "route"_a, "future"_a.none(), "on_done"_a.none(),
@@ -1177,8 +1271,8 @@ NB_MODULE(_ferry, m) {
            "on_done"_a.none(), "counter"_a.none())
       .def("add_peer_group", &E::add_peer_group_descs, "peers"_a)
       .def("add_peer_group", &E::add_peer_group_addrs, "peers"_a)
-      .def("submit_scatter", &E::submit_scatter, "src"_a, "dsts"_a, "imm"_a.none(), "group"_a.none(),
-           "route"_a, "future"_a.none(), "on_done"_a.none(), "counter"_a.none())
+      .def("submit_scatter", &E::submit_scatter, "src"_a, "dsts"_a, "imm"_a.none(),
+           "group"_a.none(), "route"_a, "future"_a.none(), "on_done"_a.none(), "counter"_a.none())
       .def("submit_barrier", &E::submit_barrier, "imm"_a, "dsts"_a, "group"_a.none(), "route"_a,
            "future"_a.none(), "on_done"_a.none(), "counter"_a.none())
       .def("expect_imm_count", &E::expect_imm_count, "imm"_a, "count"_a, "callback"_a)

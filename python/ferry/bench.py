@@ -1,0 +1,194 @@
+"""``python -m ferry.bench``: Python-side costs of the bindings (numbers for docs/PYTHON.md).
+
+1. submit cost: wall time of one ``submit_paged_writes`` call with N pages (default
+   10 000) given as NumPy int32 arrays; the median over many calls, the transfer
+   waited for between calls (so only the Python + submit cost is timed).
+2. immediate latency: ping-pong of immediates between two processes; each side
+   answers from a Python callback (``expect_imm_count``) or from a thread blocked in
+   ``ImmCounter.wait``; one-way latency = round trip / 2.
+
+Needs NumPy. Providers: "tcp" (tcp;ofi_rxm on lo) or "shm".
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import time
+
+PROVIDERS = {"tcp": ("tcp;ofi_rxm", ["lo"]), "shm": ("shm", ["shm"])}
+
+
+def _engine(kind: str):
+    import ferry
+
+    provider, nics = PROVIDERS[kind]
+    return ferry.TransferEngine(provider, nics=nics, default_timeout=30)
+
+
+def submit_cost(kind: str, pages: int, page_len: int, reps: int) -> dict:
+    """Median/min wall time of submit_paged_writes with `pages` pages (plus the parts)."""
+    import numpy as np
+
+    import ferry
+
+    a, b = _engine(kind), _engine(kind)
+    try:
+        src = np.zeros(pages * page_len, np.uint8)
+        dst = np.zeros(pages * page_len, np.uint8)
+        h, _ = a.register(src)
+        _, d = b.register(dst)
+        rng = np.random.default_rng(0)
+        sp = rng.permutation(pages).astype(np.int32)
+        dp = rng.permutation(pages).astype(np.int32)
+        c = b.imm_counter(1)
+        cnt = ferry.TransferCounter()
+        fut, bulk = [], []
+        for i in range(reps):
+            t0 = time.perf_counter()
+            t = a.submit_paged_writes(page_len, h, sp, page_len, 0, d, dp, page_len, 0, imm=1)
+            fut.append(time.perf_counter() - t0)
+            t.result(30)
+            c.wait(pages, 30)
+            t0 = time.perf_counter()
+            a.submit_paged_writes(page_len, h, sp, page_len, 0, d, dp, page_len, 0, imm=1, counter=cnt)
+            bulk.append(time.perf_counter() - t0)
+            cnt.wait(i + 1, 30)
+            c.wait(pages, 30)
+        # the same call with tiny page lists: the fixed per-call cost
+        one = np.zeros(1, np.int32)
+        small = []
+        for _ in range(reps * 10):
+            t0 = time.perf_counter()
+            t = a.submit_paged_writes(page_len, h, one, page_len, 0, d, one, page_len, 0)
+            small.append(time.perf_counter() - t0)
+            t.result(30)
+        return {
+            "pages": pages,
+            "page_len": page_len,
+            "median_us": statistics.median(fut) * 1e6,
+            "min_us": min(fut) * 1e6,
+            "median_counter_us": statistics.median(bulk) * 1e6,
+            "one_page_median_us": statistics.median(small) * 1e6,
+        }
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _pong(kind: str, mode: str, q_in, q_out, n: int) -> None:
+    import threading
+
+    import numpy as np
+
+    e = _engine(kind)
+    _, desc = e.register(np.zeros(64, np.uint8))
+    q_out.put(desc)
+    peer = q_in.get()
+    if mode == "callback":
+        done = threading.Event()
+        left = [n]
+
+        def on_ping():
+            e.submit_imm(2, peer, counter=sink)
+            left[0] -= 1
+            if left[0] == 0:
+                done.set()
+
+        import ferry
+
+        sink = ferry.TransferCounter()
+        e.expect_imm_count(1, 1, on_ping)
+        q_out.put("ready")
+        done.wait(120)
+    else:
+        import ferry
+
+        sink = ferry.TransferCounter()
+        c = e.imm_counter(1)
+        q_out.put("ready")
+        for _ in range(n):
+            c.wait(1, 30)
+            e.submit_imm(2, peer, counter=sink)
+    q_in.get()
+    e.stop()
+
+
+def imm_latency(kind: str, mode: str, n: int) -> dict:
+    """One-way immediate latency with Python on both ends (`mode`: callback or wait)."""
+    import threading
+
+    import numpy as np
+
+    import ferry
+
+    ctx = mp.get_context("spawn")
+    q_in, q_out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_pong, args=(kind, mode, q_in, q_out, n + 100), daemon=True)
+    p.start()
+    e = _engine(kind)
+    try:
+        _, desc = e.register(np.zeros(64, np.uint8))
+        peer = q_out.get(timeout=60)
+        q_in.put(desc)
+        assert q_out.get(timeout=60) == "ready"
+        sink = ferry.TransferCounter()
+        rtts = []
+        if mode == "callback":
+            ev = threading.Event()
+            e.expect_imm_count(2, 1, ev.set)
+            for i in range(n + 100):
+                ev.clear()
+                t0 = time.perf_counter()
+                e.submit_imm(1, peer, counter=sink)
+                if not ev.wait(30):
+                    raise TimeoutError("no pong")
+                if i >= 100:
+                    rtts.append(time.perf_counter() - t0)
+        else:
+            c = e.imm_counter(2)
+            for i in range(n + 100):
+                t0 = time.perf_counter()
+                e.submit_imm(1, peer, counter=sink)
+                c.wait(1, 30)
+                if i >= 100:
+                    rtts.append(time.perf_counter() - t0)
+        rtts.sort()
+        return {
+            "mode": mode,
+            "round_trips": n,
+            "one_way_median_us": rtts[len(rtts) // 2] / 2 * 1e6,
+            "one_way_p99_us": rtts[int(len(rtts) * 0.99)] / 2 * 1e6,
+        }
+    finally:
+        q_in.put("bye")
+        p.join(30)
+        e.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ferry.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--provider", choices=sorted(PROVIDERS), action="append")
+    ap.add_argument("--pages", type=int, default=10_000)
+    ap.add_argument("--page-len", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--round-trips", type=int, default=2000)
+    args = ap.parse_args(argv)
+    for kind in args.provider or ["tcp", "shm"]:
+        r = submit_cost(kind, args.pages, args.page_len, args.reps)
+        print(f"[{kind}] submit_paged_writes, {r['pages']} pages of {r['page_len']} B: "
+              f"median {r['median_us']:.1f} us (min {r['min_us']:.1f}) with a Transfer, "
+              f"{r['median_counter_us']:.1f} us with counter=; 1 page: {r['one_page_median_us']:.1f} us")
+        for mode in ("callback", "wait"):
+            r = imm_latency(kind, mode, args.round_trips)
+            print(f"[{kind}] immediate one-way latency, Python {mode} on both ends: "
+                  f"median {r['one_way_median_us']:.1f} us, p99 {r['one_way_p99_us']:.1f} us")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
