@@ -13,6 +13,7 @@
 
 #include "ferry/status.h"
 #include "ferry/types.h"
+#include "ferry/watcher.h"
 
 namespace ferry {
 
@@ -28,10 +29,20 @@ struct GroupConfig {
   // interface name such as "lo" or "veth0"; shm: "shm"). Empty = first
   // `nics` domains the provider reports.
   std::vector<std::string> nic_names;
-  int worker_cpu = -1;  // -1 = do not pin
+  // CPU the worker pins itself to. -1 = every CPU of the NUMA node the
+  // group's devices hang off (from the topology), so its memory is node-local.
+  int worker_cpu = -1;
+  // Accept NICs and CPUs the topology places elsewhere (logged as warnings).
+  bool insist = false;
 };
 
 struct EngineConfig {
+  // Groups for `gpus` (empty: one host group) with `nics_per_gpu` NICs each,
+  // taken from the detected topology: the NICs closest to each GPU and a
+  // physical core of its NUMA node for its worker.
+  static EngineConfig from_topology(const std::vector<int>& gpus, size_t nics_per_gpu,
+                                    std::string provider = "");
+
   // libfabric provider: "efa", "tcp;ofi_rxm", "shm", ... Empty = the
   // FERRY_PROVIDER environment variable, else "efa". Never silently replaced.
   std::string provider;
@@ -39,6 +50,9 @@ struct EngineConfig {
   size_t nics_per_group = 1;  // used when a group names no NICs
   PollMode poll_mode = PollMode::kAdaptive;
   int callback_cpu = -1;
+  // CPU the UVM watcher thread pins itself to (-1 = do not pin). The thread
+  // starts with the first alloc_uvm_watcher and spins only while one is armed.
+  int watcher_cpu = -1;
   // Default deadline for transfers and sends (0 = none); waits take their own.
   std::chrono::milliseconds default_deadline{0};
   // Testing only: wrap every NIC in the seeded fault injector, e.g.
@@ -95,6 +109,9 @@ class TransferEngine {
   size_t nics_per_group() const;
   std::string provider() const;
   uint64_t incarnation() const;
+  // NUMA node holding each worker's state (measured with get_mempolicy on the
+  // memory the worker first touched after pinning itself); -1 if unknown.
+  std::vector<int> worker_state_numa_nodes() const;
 
   // --- memory -------------------------------------------------------------
   // Registers [ptr, ptr+len) on every NIC of the group serving `device`.
@@ -136,6 +153,16 @@ class TransferEngine {
   void remove_imm_count(uint32_t imm);
   // Called for every immediate nobody counts.
   void on_imm(ImmCallback cb);
+
+  // --- GPU signalling (ferry/watcher.h, docs/GPU.md) -------------------------
+  // Both throw Error(kUnimplemented) in builds without CUDA.
+  // A zeroed 64-bit word kernels write (device-visible); cb(old, new) runs on
+  // the watcher thread when it changes, until cb returns false or throws.
+  uint64_t* alloc_uvm_watcher(WatcherCallback cb);
+  // A device-visible 32-bit flag: each time `count` more immediates `imm`
+  // arrived, the NIC worker stores the generation (1, 2, ...) with a release
+  // store. Replaces any prior mapping of imm; remove_imm_count(imm) frees it.
+  uint32_t* imm_counter_gpu(uint32_t imm, uint32_t count);
 
   // Stops the workers and the callback thread; outstanding transfers complete
   // with kCancelled. Idempotent; also run by the destructor.

@@ -112,6 +112,7 @@ struct DomainOptions {
   std::string provider;
   std::string nic_name;  // empty = first available
   size_t nic_index = 0;  // which of the provider's domains when nic_name is empty
+  size_t position = 0;   // this NIC's index within its group
   Device device;         // the group's device (for HMEM capability checks)
   // Non-empty: wrap the domain in the fault injector (src/testing/fault_domain.h).
   std::string fault_injection;

@@ -13,7 +13,7 @@ std::unique_ptr<Domain> open_domain(const DomainOptions& options, Status* error)
                                   ? verbs::open_verbs_domain(options, error)
                                   : fabric::open_fabric_domain(options, error);
   if (d && !options.fault_injection.empty())
-    d = testing::wrap_with_faults(std::move(d), options.fault_injection, options.nic_index, error);
+    d = testing::wrap_with_faults(std::move(d), options.fault_injection, options.position, error);
   return d;
 }
 

@@ -11,6 +11,8 @@
 #include "core/imm_table.h"
 #include "core/log.h"
 #include "core/worker.h"
+#include "cuda/watcher.h"
+#include "topo/topology.h"
 #include "ferry/engine.h"
 
 namespace ferry {
@@ -36,13 +38,115 @@ bool fits(uint64_t offset, uint64_t len, uint64_t limit) {
   return offset <= limit && len <= limit - offset;
 }
 
+// The machine's topology, read once per process; nullptr when sysfs is
+// unreadable (containers), in which case nothing is pinned by default.
+const topo::Topology* machine_topology() {
+  static const std::unique_ptr<topo::Topology> topo = []() -> std::unique_ptr<topo::Topology> {
+    try {
+      return std::make_unique<topo::Topology>(topo::detect());
+    } catch (const std::exception& e) {
+      core::log().warn("topology detection failed: {}; workers are not pinned", e.what());
+      return nullptr;
+    }
+  }();
+  return topo.get();
+}
+
+const topo::TopologyGroup* topology_group(const topo::Topology& t, const Device& d) {
+  return d.is_host() ? &t.host_group() : t.group(d.ordinal);
+}
+
+// libfabric names a NIC's domain after the device (efa: "<dev>-rdm").
+std::string domain_name(const topo::NicInfo& nic) {
+  return nic.kind == topo::NicKind::kEfa ? nic.name + "-rdm" : nic.name;
+}
+
+// Checks explicit NICs and CPUs against the topology; NICs it does not know
+// (loopback, veth in a namespace, shm) are development setups and pass.
+void validate_against_topology(const EngineConfig& config) {
+  const topo::Topology* t = machine_topology();
+  if (!t) return;
+  for (const auto& g : config.groups) {
+    const topo::TopologyGroup* tg = topology_group(*t, g.device);
+    if (!tg) {
+      if (!g.insist)
+        throw Error(Code::kInvalidArgument,
+                    fmt::format("{} is not in the detected topology (set GroupConfig::insist to "
+                                "use it anyway)",
+                                g.device.to_string()));
+      continue;
+    }
+    std::vector<std::string> known;
+    for (const auto& n : g.nic_names)
+      for (const auto& nic : t->nics)
+        if (domain_name(nic) == n || nic.name == n) known.push_back(nic.name);
+    std::vector<std::string> problems;
+    if (g.worker_cpu >= 0) {
+      int node = t->numa_of_cpu(g.worker_cpu);
+      if (node < 0)
+        problems.push_back(fmt::format("worker CPU {} does not exist", g.worker_cpu));
+      else if (node != tg->numa)
+        problems.push_back(fmt::format("worker CPU {} is on NUMA node {}, the group's devices on {}",
+                                       g.worker_cpu, node, tg->numa));
+    }
+    if (!known.empty()) {
+      int gpu = g.device.is_host() ? -1 : g.device.ordinal;
+      for (const auto& p : topo::validate_group(*t, gpu, known, {}, true))
+        problems.push_back(p.message);
+    }
+    for (const auto& p : problems) {
+      if (!g.insist)
+        throw Error(Code::kInvalidArgument,
+                    fmt::format("group for {}: {} (set GroupConfig::insist to use it anyway)",
+                                g.device.to_string(), p));
+      core::log().warn("group for {}: {}", g.device.to_string(), p);
+    }
+  }
+}
+
+std::vector<int> default_affinity(const GroupConfig& g) {
+  const topo::Topology* t = machine_topology();
+  if (!t || g.worker_cpu >= 0) return {};
+  const topo::TopologyGroup* tg = topology_group(*t, g.device);
+  if (!tg) return {};
+  auto node = t->numa_nodes.find(tg->numa);
+  return node == t->numa_nodes.end() ? std::vector<int>{} : node->second.cpus;
+}
+
 }  // namespace
+
+EngineConfig EngineConfig::from_topology(const std::vector<int>& gpus, size_t nics_per_gpu,
+                                         std::string provider) {
+  const topo::Topology* t = machine_topology();
+  if (!t) throw Error(Code::kUnavailable, "EngineConfig::from_topology: no topology (sysfs unreadable)");
+  EngineConfig c;
+  c.provider = std::move(provider);
+  c.nics_per_group = nics_per_gpu;
+  c.groups.clear();
+  std::vector<int> wanted = gpus.empty() ? std::vector<int>{-1} : gpus;
+  for (int gpu : wanted) {
+    const topo::TopologyGroup* tg = gpu < 0 ? &t->host_group() : t->group(gpu);
+    if (!tg) throw Error(Code::kNotFound, fmt::format("GPU {} is not in the detected topology", gpu));
+    if (tg->nics.size() < nics_per_gpu)
+      throw Error(Code::kFailedPrecondition,
+                  fmt::format("{} has {} NICs in the topology, {} requested",
+                              gpu < 0 ? std::string("the host") : fmt::format("GPU {}", gpu),
+                              tg->nics.size(), nics_per_gpu));
+    GroupConfig g;
+    g.device = gpu < 0 ? Device::host() : Device::cuda(gpu);
+    for (size_t i = 0; i < nics_per_gpu; ++i) g.nic_names.push_back(domain_name(tg->nics[i]));
+    if (!tg->cpus.empty()) g.worker_cpu = tg->cpus.front();
+    c.groups.push_back(std::move(g));
+  }
+  return c;
+}
 
 struct TransferEngine::Impl {
   core::EngineShared shared;
   std::unique_ptr<core::ImmTable> imms;
   std::unique_ptr<core::CallbackThread> callbacks;
   std::vector<std::unique_ptr<core::Worker>> workers;
+  cuda::GpuServices gpu;  // watcher thread and GPU flags, created on first use
 
   std::shared_mutex reg_mu;
   std::unordered_map<uint64_t, RegRef> regs;
@@ -149,8 +253,10 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   im.shared.send_pool = &im.send_pool;
   im.shared.recv_pools = &im.recv_pools;
 
+  validate_against_topology(config);
   for (size_t g = 0; g < config.groups.size(); ++g) {
-    auto w = std::make_unique<core::Worker>(&im.shared, g, config.groups[g]);
+    auto w = std::make_unique<core::Worker>(&im.shared, g, config.groups[g],
+                                            default_affinity(config.groups[g]));
     Status st = w->start();
     if (!st.is_ok()) {
       stop();
@@ -195,6 +301,7 @@ void TransferEngine::stop() {
   auto& im = *impl_;
   std::lock_guard lk(im.stop_mu);
   if (im.stopped.exchange(true)) return;
+  im.gpu.stop();  // watcher callbacks may submit: stop them while the workers run
   for (auto& w : im.workers) w->stop();
   if (im.callbacks) im.callbacks->stop();
   // Workers are joined: registrations can be closed from here, before the
@@ -221,6 +328,12 @@ size_t TransferEngine::num_groups() const { return impl_->workers.size(); }
 size_t TransferEngine::nics_per_group() const { return impl_->workers.at(0)->nics(); }
 std::string TransferEngine::provider() const { return impl_->shared.config.provider; }
 uint64_t TransferEngine::incarnation() const { return impl_->shared.incarnation; }
+
+std::vector<int> TransferEngine::worker_state_numa_nodes() const {
+  std::vector<int> nodes;
+  for (auto& w : impl_->workers) nodes.push_back(w->state_numa_node());
+  return nodes;
+}
 
 // ------------------------------------------------------------------ memory
 
@@ -506,6 +619,16 @@ void TransferEngine::remove_imm_count(uint32_t imm) {
 void TransferEngine::on_imm(ImmCallback cb) {
   if (!cb) throw Error(Code::kInvalidArgument, "on_imm: empty callback");
   impl_->imms->add_plain_callback(std::move(cb));
+}
+
+uint64_t* TransferEngine::alloc_uvm_watcher(WatcherCallback cb) {
+  impl_->check_running();
+  return impl_->gpu.alloc_watcher(impl_->shared.config.watcher_cpu, std::move(cb));
+}
+
+uint32_t* TransferEngine::imm_counter_gpu(uint32_t imm, uint32_t count) {
+  impl_->check_running();
+  return impl_->gpu.imm_counter(*impl_->imms, imm, count);
 }
 
 }  // namespace ferry

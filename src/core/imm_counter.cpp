@@ -52,13 +52,23 @@ void ImmTable::expect(uint32_t imm, uint32_t count, ImmCountCallback cb) {
   e->every = count;
   e->cb = std::move(cb);
   std::unique_lock lk(mu_);
-  map_[imm] = Entry{nullptr, std::move(e)};
+  map_[imm] = Entry{nullptr, std::move(e), nullptr};
+}
+
+void ImmTable::expect_gpu_flag(uint32_t imm, uint32_t count, uint32_t* flag,
+                               std::shared_ptr<void> keep) {
+  auto g = std::make_shared<GpuFlagCount>();
+  g->every = count;
+  g->flag = flag;
+  g->keep = std::move(keep);
+  std::unique_lock lk(mu_);
+  map_[imm] = Entry{nullptr, nullptr, std::move(g)};
 }
 
 ImmCounter ImmTable::counter(uint32_t imm) {
   std::unique_lock lk(mu_);
   auto& e = map_[imm];
-  if (!e.counter) e = Entry{std::make_shared<ImmCounter::State>(), nullptr};
+  if (!e.counter) e = Entry{std::make_shared<ImmCounter::State>(), nullptr, nullptr};
   return ImmCounter(e.counter);
 }
 
@@ -82,6 +92,29 @@ void ImmTable::on_arrival(uint32_t imm) {
   }
   if (it->second.counter) {
     it->second.counter->add(1);
+    return;
+  }
+  if (auto& g = it->second.gpu) {
+    // Ordering (docs/GPU.md): this worker read the completion of this
+    // immediate before counting it, and with the libfabric host-memory
+    // providers the data is already in host memory when its completion is
+    // read (shm copies before it writes the completion; a NIC's DMA writes
+    // precede its CQE on the same PCIe path). The acq_rel add chains every
+    // earlier arrival's count (from any worker) before ours, so the release
+    // store below is ordered after all their data; a kernel that observes the
+    // flag with ld.acquire.sys therefore reads the data, not older bytes.
+    uint64_t now = g->arrived.fetch_add(1, std::memory_order_acq_rel) + 1;
+    if (now % g->every == 0) {
+      auto gen = uint32_t(now / g->every);
+      std::atomic_ref<uint32_t> f(*g->flag);
+      // Two workers can reach generations k and k+1 and store out of order: a
+      // wrap-safe max keeps the flag from going backwards.
+      uint32_t cur = f.load(std::memory_order_relaxed);
+      while (int32_t(gen - cur) > 0 &&
+             !f.compare_exchange_weak(cur, gen, std::memory_order_release,
+                                      std::memory_order_relaxed)) {
+      }
+    }
     return;
   }
   auto& ex = it->second.expected;

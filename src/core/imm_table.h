@@ -44,6 +44,15 @@ struct ExpectedCount {
   ImmCountCallback cb;
 };
 
+// GPU-visible count (TransferEngine::imm_counter_gpu): the worker itself stores
+// the generation arrived / every into *flag at each multiple, no callback hop.
+struct GpuFlagCount {
+  std::atomic<uint64_t> arrived{0};
+  uint32_t every = 1;
+  uint32_t* flag = nullptr;    // host address of a word kernels poll
+  std::shared_ptr<void> keep;  // owns the flag's slot while the entry lives
+};
+
 class ImmTable {
  public:
   explicit ImmTable(CallbackThread* callbacks) : callbacks_(callbacks) {}
@@ -53,6 +62,8 @@ class ImmTable {
   // Replace any prior mapping of imm.
   void expect(uint32_t imm, uint32_t count, ImmCountCallback cb);
   ImmCounter counter(uint32_t imm);
+  // Replace any prior mapping of imm with a GPU flag entry (see GpuFlagCount).
+  void expect_gpu_flag(uint32_t imm, uint32_t count, uint32_t* flag, std::shared_ptr<void> keep);
   bool remove(uint32_t imm);
   void add_plain_callback(ImmCallback cb);
 
@@ -66,6 +77,7 @@ class ImmTable {
   struct Entry {
     std::shared_ptr<ImmCounter::State> counter;
     std::shared_ptr<ExpectedCount> expected;
+    std::shared_ptr<GpuFlagCount> gpu;
   };
   CallbackThread* callbacks_;
   std::shared_mutex mu_;

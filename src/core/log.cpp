@@ -33,4 +33,18 @@ bool pin_current_thread(int cpu, const char* who) {
   return true;
 }
 
+bool pin_current_thread(const std::vector<int>& cpus, const char* who) {
+  if (cpus.empty()) return true;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus)
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  if (rc != 0) {
+    log().warn("{}: cannot restrict to {} CPUs: {}", who, cpus.size(), std::strerror(rc));
+    return false;
+  }
+  return true;
+}
+
 }  // namespace ferry::core

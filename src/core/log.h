@@ -1,9 +1,12 @@
 #pragma once
 #include <spdlog/spdlog.h>
 
+#include <vector>
+
 namespace ferry::core {
 // The library's logger ("ferry"); level from FERRY_LOG (trace..off), default info.
 spdlog::logger& log();
 // Pin the calling thread to one CPU; returns false (and logs) on failure.
 bool pin_current_thread(int cpu, const char* who);
+bool pin_current_thread(const std::vector<int>& cpus, const char* who);
 }  // namespace ferry::core

@@ -1,6 +1,7 @@
 #include "core/worker.h"
 
 #include <fmt/format.h>
+#include <numaif.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -32,6 +33,7 @@ constexpr size_t kPostsPerStep = 64;       // per NIC per loop iteration
 constexpr size_t kMaxOutstanding = 1024;   // posted, not yet completed, per NIC
 constexpr size_t kPollBatch = 32;
 constexpr auto kSpinBeforeBlock = std::chrono::microseconds(200);
+constexpr auto kDeadPeerCooldown = std::chrono::seconds(1);
 
 }  // namespace
 
@@ -44,8 +46,8 @@ static const NetAddr* failed_peer(const Request& req, uint8_t nic) {
   return nullptr;
 }
 
-Worker::Worker(EngineShared* shared, size_t index, GroupConfig group)
-    : shared_(shared), index_(index), group_(std::move(group)) {
+Worker::Worker(EngineShared* shared, size_t index, GroupConfig group, std::vector<int> affinity)
+    : shared_(shared), index_(index), group_(std::move(group)), affinity_(std::move(affinity)) {
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 }
 
@@ -102,10 +104,18 @@ Status Worker::call(std::function<void()> fn, std::chrono::milliseconds timeout)
 // ------------------------------------------------------------------ thread
 
 void Worker::run(std::promise<Status>* init) {
-  pin_current_thread(group_.worker_cpu, "worker");
+  if (group_.worker_cpu >= 0)
+    pin_current_thread(group_.worker_cpu, "worker");
+  else
+    pin_current_thread(affinity_, "worker");
   // Everything the datapath touches is allocated after pinning, so it lands
   // on the NUMA node of the worker's CPU (first touch).
   slots_.resize(4096);
+  {
+    int node = -1;
+    if (::get_mempolicy(&node, nullptr, 0, slots_.data(), MPOL_F_NODE | MPOL_F_ADDR) == 0)
+      state_numa_.store(node);
+  }
   free_slots_.reserve(slots_.size());
   for (uint32_t i = slots_.size(); i-- > 0;) free_slots_.push_back(i);
   Status st = open_nics();
@@ -160,6 +170,7 @@ Status Worker::open_nics() {
     opt.provider = cfg.provider;
     opt.nic_name = group_.nic_names.empty() ? "" : group_.nic_names[i];
     opt.nic_index = group_.nic_names.empty() ? i : 0;
+    opt.position = i;
     opt.device = group_.device;
     opt.fault_injection = cfg.fault_injection;
     Status err;
@@ -261,9 +272,14 @@ PeerId Worker::resolve(uint8_t nic, const NetAddr& addr, Status* err) {
   auto& n = nics_[nic];
   if (!dead_.empty()) {
     if (auto d = dead_.find(addr); d != dead_.end()) {
-      *err = Status(Code::kUnavailable, fmt::format("peer {} failed earlier: {}", addr.brief(),
-                                                    d->second.message()));
-      return 0;
+      // Fail fast for a while, then let the transport try again: an error
+      // may have been transient, and a real loss shows up again at once.
+      if (Clock::now() - d->second.since < kDeadPeerCooldown) {
+        *err = Status(Code::kUnavailable, fmt::format("peer {} failed earlier: {}", addr.brief(),
+                                                      d->second.why.message()));
+        return 0;
+      }
+      dead_.erase(d);
     }
   }
   auto it = n.peers.find(addr);
@@ -306,8 +322,9 @@ PeerId Worker::resolve(uint8_t nic, const NetAddr& addr, Status* err) {
 }
 
 void Worker::mark_dead(const NetAddr& addr, const Status& why) {
-  if (dead_.emplace(addr, why).second)
-    log().warn("worker {}: peer {} marked failed: {}", index_, addr.brief(), why.message());
+  auto [it, fresh] = dead_.try_emplace(addr, DeadPeer{why, Clock::now()});
+  if (fresh) log().warn("worker {}: peer {} marked failed: {}", index_, addr.brief(), why.message());
+  it->second.since = Clock::now();
 }
 
 void Worker::start_transfer(Command& cmd) {
@@ -524,6 +541,16 @@ bool Worker::progress_posts() {
   for (uint8_t k = 0; k < nics_.size(); ++k) {
     Nic& nic = nics_[k];
     size_t budget = kPostsPerStep;
+    // Back-pressure can be per peer (a connection still being made, or to a
+    // peer that died): a stalled cursor goes to the back and the others get
+    // their turn; the NIC is left alone only once every cursor stalled.
+    size_t stalled = 0;
+    auto stall = [&] {
+      Cursor turn = nic.pending.front();
+      nic.pending.pop_front();
+      nic.pending.push_back(turn);
+      return ++stalled >= nic.pending.size();
+    };
     while (!nic.pending.empty() && budget > 0 && nic.outstanding < kMaxOutstanding) {
       Cursor& c = nic.pending.front();
       Slot& s = slots_[c.slot];
@@ -542,7 +569,10 @@ bool Worker::progress_posts() {
         auto r = nic.domain->post_send(s.peer[0], shared_->send_pool->buffer(send->buffer),
                                        send->len, shared_->send_pool->reg->local_desc[0],
                                        make_ctx(kTagSend, s.gen, c.slot));
-        if (r.posted == 0 && r.error.is_ok()) break;  // back-pressure
+        if (r.posted == 0 && r.error.is_ok()) {  // back-pressure
+          if (stall()) break;
+          continue;
+        }
         uint32_t slot = c.slot;
         nic.pending.pop_front();
         s.cursors_live--;
@@ -574,8 +604,10 @@ bool Worker::progress_posts() {
           nic.pending.pop_front();
           s.cursors_live--;
           maybe_finish(slot);
+          continue;
         }
-        break;  // back-pressure or error: next NIC
+        if (stall()) break;
+        continue;
       }
       if (c.next >= c.shard.end) {
         uint32_t slot = c.slot;
@@ -610,12 +642,10 @@ bool Worker::poll_completions() {
           else log().warn("NIC {}: incoming immediate failed: {}", infos_[k].name, c.status.message());
           break;
         case Completion::Kind::kWrite:
-          if (nic.outstanding) nic.outstanding--;
-          on_write_done(c.ctx, c.status);
-          break;
         case Completion::Kind::kSend:
-          if (nic.outstanding) nic.outstanding--;
-          on_send_done(c.ctx, c.status);
+          // Only a completion of a live transfer releases a posting credit:
+          // a stale duplicate must not let the NIC be over-filled.
+          if (on_local_done(c.ctx, c.status) && nic.outstanding) nic.outstanding--;
           break;
         case Completion::Kind::kRecv:
           on_recv_done(c.ctx, c.len, c.status);
@@ -626,35 +656,23 @@ bool Worker::poll_completions() {
   return did;
 }
 
-void Worker::on_write_done(uint64_t ctx, const Status& st) {
+bool Worker::on_local_done(uint64_t ctx, const Status& st) {
   uint32_t idx = ctx_idx(ctx);
-  if (ctx_tag(ctx) != kTagWrite || idx >= slots_.size()) {
+  uint64_t tag = ctx_tag(ctx);
+  if ((tag != kTagWrite && tag != kTagSend) || idx >= slots_.size()) {
     log().error("worker {}: completion with unknown context {:#x}", index_, ctx);
-    return;
+    return false;
   }
   Slot& s = slots_[idx];
-  if (!s.active || s.gen != ctx_gen(ctx)) return;  // stale: slot was recycled
+  if (!s.active || s.gen != ctx_gen(ctx)) return false;  // stale: the slot was recycled
   s.completed++;
   if (!st.is_ok()) {
     if (st.code() == Code::kUnavailable)
-      if (const NetAddr* a = failed_peer(s.req, current_nic_)) mark_dead(*a, st);
+      if (const NetAddr* a = failed_peer(s.req, tag == kTagSend ? 0 : current_nic_)) mark_dead(*a, st);
     if (s.error.is_ok()) s.error = st;
   }
   maybe_finish(idx);
-}
-
-void Worker::on_send_done(uint64_t ctx, const Status& st) {
-  uint32_t idx = ctx_idx(ctx);
-  if (idx >= slots_.size()) return;
-  Slot& s = slots_[idx];
-  if (!s.active || s.gen != ctx_gen(ctx)) return;
-  s.completed++;
-  if (!st.is_ok()) {
-    if (st.code() == Code::kUnavailable)
-      if (const NetAddr* a = failed_peer(s.req, 0)) mark_dead(*a, st);
-    if (s.error.is_ok()) s.error = st;
-  }
-  maybe_finish(idx);
+  return true;
 }
 
 void Worker::maybe_finish(uint32_t idx) {

@@ -120,7 +120,8 @@ struct EngineShared {
 
 class Worker {
  public:
-  Worker(EngineShared* shared, size_t index, GroupConfig group);
+  // `affinity`: CPUs the worker may run on when the group names no worker_cpu.
+  Worker(EngineShared* shared, size_t index, GroupConfig group, std::vector<int> affinity = {});
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -134,6 +135,7 @@ class Worker {
   Status call(std::function<void()> fn, std::chrono::milliseconds timeout);
 
   size_t index() const { return index_; }
+  int state_numa_node() const { return state_numa_.load(); }
   size_t nics() const { return addrs_.size(); }
   const std::vector<NetAddr>& addresses() const { return addrs_; }
   const std::vector<DomainInfo>& nic_infos() const { return infos_; }
@@ -204,18 +206,20 @@ class Worker {
   Status prepare(Slot& s);
   void enqueue_plan(uint32_t slot, const ShardPlan& plan);
   size_t fill_writes(Slot& s, Cursor& c, uint8_t nic, std::span<WriteDesc> out, uint32_t* units);
-  void on_write_done(uint64_t ctx, const Status& st);
+  // A local write or send completion; false when it belonged to no live transfer.
+  bool on_local_done(uint64_t ctx, const Status& st);
   void maybe_finish(uint32_t idx);
   void finish(Slot& s, Status st);
   PeerId resolve(uint8_t nic, const NetAddr& addr, Status* err);
   void mark_dead(const NetAddr& addr, const Status& why);
   void post_recv_buffer(uint32_t pool, uint32_t buffer);
-  void on_send_done(uint64_t ctx, const Status& st);
   void on_recv_done(uint64_t ctx, uint64_t len, const Status& st);
 
   EngineShared* shared_;
   size_t index_;
   GroupConfig group_;
+  std::vector<int> affinity_;
+  std::atomic<int> state_numa_{-1};
   std::vector<NetAddr> addrs_;
   std::vector<DomainInfo> infos_;
 
@@ -235,7 +239,11 @@ class Worker {
   // Peers that failed with a transport error: later requests fail at once
   // instead of waiting for their deadline. A restarted peer has a new
   // incarnation, hence a new address, and is not affected.
-  std::unordered_map<NetAddr, Status> dead_;
+  struct DeadPeer {
+    Status why;
+    Clock::time_point since;
+  };
+  std::unordered_map<NetAddr, DeadPeer> dead_;
   uint64_t active_ = 0;
   uint64_t stale_epoch_ = 0;  // bumped whenever an address becomes stale
   uint8_t current_nic_ = 0;   // NIC whose completions are being handled

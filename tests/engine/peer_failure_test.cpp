@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <mutex>
 
 #include "ferry/ferry.h"
 #include "support/engine_config.h"
@@ -59,7 +60,7 @@ TEST_P(PeerKillTest, KilledPeerFailsItsTransfersAndRestartedPeerWorks) {
   const int cycles = std::getenv("FERRY_PEER_KILL_CYCLES") ? std::atoi(std::getenv("FERRY_PEER_KILL_CYCLES")) : 100;
   constexpr uint64_t kRegion = 4 << 20, kWrite = 64 << 10;
   auto cfg = test::config_for(GetParam());
-  cfg.default_deadline = 3s;
+  cfg.default_deadline = 10s;
   Peer stable([&](Channel& ch) { return test::serve_region(ch, cfg, kRegion); });
   auto stable_desc = MrDesc::from_bytes(*stable.channel().recv());
   ASSERT_EQ(ask(stable.channel(), "counter 1"), "ok");
@@ -84,27 +85,37 @@ TEST_P(PeerKillTest, KilledPeerFailsItsTransfersAndRestartedPeerWorks) {
 
     // Heavy traffic to both, then the victim dies mid-flight.
     std::atomic<uint64_t> v_done{0}, v_err{0}, s_done{0}, s_err{0};
+    std::mutex mu;
+    std::string first_stable_error;
     constexpr int kBurst = 64;
     for (int i = 0; i < kBurst; ++i) {
       e.submit_single_write(kWrite, 1, h, i * kWrite, victim_desc, i * kWrite,
                             OnDone::counter(v_done, &v_err));
       e.submit_single_write(kWrite, 1, h, i * kWrite, stable_desc, i * kWrite,
-                            OnDone::counter(s_done, &s_err));
+                            [&](const Status& st) {
+                              if (!st.is_ok()) {
+                                std::lock_guard lk(mu);
+                                if (first_stable_error.empty()) first_stable_error = st.to_string();
+                                s_err++;
+                              }
+                              s_done++;
+                            });
     }
     victim.kill();
     auto killed_at = std::chrono::steady_clock::now();
-    ASSERT_TRUE(test::wait_until([&] { return v_done.load() == kBurst; }, 10s))
+    ASSERT_TRUE(test::wait_until([&] { return v_done.load() == kBurst; }, 20s))
         << "cycle " << cycle << ": " << v_done.load() << " of " << kBurst << " ended";
-    EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 3s + 2s);
-    ASSERT_TRUE(test::wait_until([&] { return s_done.load() == kBurst; }, 10s));
-    EXPECT_EQ(s_err.load(), 0u) << "the other peer was affected in cycle " << cycle;
+    EXPECT_LT(std::chrono::steady_clock::now() - killed_at, cfg.default_deadline + 2s);
+    ASSERT_TRUE(test::wait_until([&] { return s_done.load() == kBurst; }, 20s));
+    EXPECT_EQ(s_err.load(), 0u) << "the other peer was affected in cycle " << cycle << ": "
+                                << first_stable_error;
     ASSERT_EQ(ask(stable.channel(), "count 1 " + std::to_string(kBurst)), "ok 0");
     victim_errors += int(v_err.load());
 
     // The dead incarnation's descriptor keeps failing, within the deadline.
     std::atomic<bool> d_done{false}, d_failed{false};
     e.submit_single_write(8, 1, h, 0, victim_desc, 0, OnDone::flag(d_done, &d_failed));
-    ASSERT_TRUE(test::wait_until([&] { return d_done.load(); }, 10s));
+    ASSERT_TRUE(test::wait_until([&] { return d_done.load(); }, 20s));
     EXPECT_TRUE(d_failed.load()) << "a write to a dead peer succeeded in cycle " << cycle;
     if (cycle == 2) {
       rss_start = rss_kib();

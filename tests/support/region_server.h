@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 
 #include "ferry/engine.h"
@@ -18,8 +19,14 @@
 namespace ferry::test {
 
 struct Buffer {
-  explicit Buffer(size_t n) : data(new(std::align_val_t(4096)) uint8_t[n]()), len(n) {}
-  std::unique_ptr<uint8_t[]> data;
+  static constexpr std::align_val_t kAlign{4096};
+  // Memory from an aligned new[] must go back through the aligned delete[]
+  // (plain delete[] is undefined behaviour; ASan: new-delete-type-mismatch).
+  struct AlignedDelete {
+    void operator()(uint8_t* p) const { ::operator delete[](p, kAlign); }
+  };
+  explicit Buffer(size_t n) : data(new(kAlign) uint8_t[n]()), len(n) {}
+  std::unique_ptr<uint8_t[], AlignedDelete> data;
   size_t len;
   uint8_t* get() const { return data.get(); }
 };

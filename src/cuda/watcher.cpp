@@ -1,0 +1,196 @@
+#include "cuda/watcher.h"
+
+#include <fmt/format.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "core/imm_table.h"
+#include "core/log.h"
+#include "ferry/status.h"
+
+namespace ferry::cuda {
+
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// Releases a flag slot when the last ImmTable entry referring to it is gone:
+// a worker inside on_arrival holds the entry, so the slot is never reused
+// while a store to it may still be coming.
+struct FlagLease {
+  std::shared_ptr<SlotPool> pool;
+  uint32_t slot;
+  ~FlagLease() {
+    try {
+      pool->release(slot);
+    } catch (const std::exception& e) {
+      core::log().error("GPU flag slot release: {}", e.what());
+    }
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- SlotPool
+
+SlotPool::SlotPool(std::shared_ptr<MappedBlock> block)
+    : block_(std::move(block)), alloc_(uint32_t(block_->bytes / kSlotBytes)) {}
+
+void SlotPool::release(uint32_t slot) {
+  if (slot < alloc_.capacity() && alloc_.taken(slot))
+    std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(host(slot)))
+        .store(0, std::memory_order_relaxed);
+  alloc_.release(slot);  // throws on a double release, before touching anything else
+}
+
+// ---------------------------------------------------------- WatcherService
+
+WatcherService::WatcherService(std::shared_ptr<SlotPool> pool, int cpu) : pool_(std::move(pool)) {
+  thread_ = std::thread([this, cpu] { run(cpu); });
+}
+
+WatcherService::~WatcherService() {
+  stop();
+}
+
+uint64_t* WatcherService::alloc(WatcherCallback cb) {
+  if (!cb) throw Error(Code::kInvalidArgument, "alloc_uvm_watcher: empty callback");
+  if (stop_.load(std::memory_order_acquire))
+    throw Error(Code::kFailedPrecondition, "alloc_uvm_watcher: the watcher thread is stopped");
+  uint32_t slot = pool_->acquire();  // zeroed by its previous release (or the allocation)
+  auto* word = reinterpret_cast<uint64_t*>(pool_->host(slot));
+  {
+    std::lock_guard lk(mu_);
+    // last = 0 is captured now, so a kernel that writes before the thread
+    // picks the watch up is still seen as a change.
+    incoming_.push_back(Watch{slot, word, 0, std::move(cb)});
+    has_incoming_.store(true, std::memory_order_release);
+  }
+  cv_.notify_one();
+  return reinterpret_cast<uint64_t*>(pool_->device(slot));
+}
+
+void WatcherService::stop() {
+  {
+    // Under mu_ so that the thread cannot miss the wakeup between its
+    // predicate check and its wait.
+    std::lock_guard lk(mu_);
+    stop_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool WatcherService::deliver(Watch& w, uint64_t now) {
+  uint64_t old = w.last;
+  w.last = now;
+  try {
+    return w.cb(old, now);
+  } catch (const std::exception& e) {
+    failures_.fetch_add(1, std::memory_order_relaxed);
+    core::log().error("UVM watcher callback threw ({}): watcher released", e.what());
+  } catch (...) {
+    failures_.fetch_add(1, std::memory_order_relaxed);
+    core::log().error("UVM watcher callback threw a non-exception: watcher released");
+  }
+  return false;
+}
+
+void WatcherService::run(int cpu) {
+  // Named so that operators (top -H) and benchmarks can find it.
+  pthread_setname_np(pthread_self(), "ferry-watcher");
+  tid_.store(pid_t(syscall(SYS_gettid)), std::memory_order_release);
+  if (cpu >= 0) core::pin_current_thread(cpu, "watcher");
+  std::vector<Watch> armed;  // touched by this thread only: the poll loop takes no lock
+  auto release = [&](Watch& w) {
+    try {
+      pool_->release(w.slot);
+    } catch (const std::exception& e) {
+      core::log().error("UVM watcher release: {}", e.what());
+    }
+  };
+  for (;;) {
+    if (armed.empty()) {
+      // Nothing to poll: sleep rather than spin.
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_.load() || !incoming_.empty(); });
+    }
+    if (stop_.load(std::memory_order_acquire)) break;
+    if (has_incoming_.load(std::memory_order_acquire)) {
+      std::lock_guard lk(mu_);
+      for (auto& w : incoming_) armed.push_back(std::move(w));
+      incoming_.clear();
+      has_incoming_.store(false, std::memory_order_relaxed);
+      armed_.store(armed.size(), std::memory_order_release);
+    }
+    for (size_t i = 0; i < armed.size();) {
+      // Acquire pairs with the kernel's release store at system scope: what the
+      // kernel wrote before bumping the word is visible to the callback.
+      uint64_t now =
+          std::atomic_ref<const uint64_t>(*armed[i].word).load(std::memory_order_acquire);
+      if (now != armed[i].last && !deliver(armed[i], now)) {
+        release(armed[i]);
+        armed[i] = std::move(armed.back());
+        armed.pop_back();
+        armed_.store(armed.size(), std::memory_order_release);
+        continue;
+      }
+      ++i;
+    }
+    cpu_relax();
+  }
+  for (auto& w : armed) release(w);
+  std::lock_guard lk(mu_);
+  for (auto& w : incoming_) release(w);
+  incoming_.clear();
+  armed_.store(0, std::memory_order_release);
+}
+
+// ------------------------------------------------------------- GpuServices
+
+uint64_t* GpuServices::alloc_watcher(int cpu, WatcherCallback cb) {
+  std::lock_guard lk(mu_);
+  if (stopped_) throw Error(Code::kFailedPrecondition, "alloc_uvm_watcher: the engine is stopped");
+  if (!watchers_) {
+    auto pool = std::make_shared<SlotPool>(alloc_mapped_host(kWatcherSlots * kSlotBytes));
+    watchers_ = std::make_unique<WatcherService>(std::move(pool), cpu);
+    core::log().debug("watcher thread started ({} slots of {})", kWatcherSlots,
+                      watchers_->pool().block().kind);
+  }
+  return watchers_->alloc(std::move(cb));
+}
+
+uint32_t* GpuServices::imm_counter(core::ImmTable& table, uint32_t imm, uint32_t count) {
+  if (count == 0) throw Error(Code::kInvalidArgument, "imm_counter_gpu: count must be positive");
+  std::lock_guard lk(mu_);
+  if (stopped_) throw Error(Code::kFailedPrecondition, "imm_counter_gpu: the engine is stopped");
+  if (!flags_) flags_ = std::make_shared<SlotPool>(alloc_flag_memory(kFlagSlots * kSlotBytes));
+  uint32_t slot = flags_->acquire();
+  // Built in place: a moved-from temporary lease would release the slot.
+  std::shared_ptr<FlagLease> lease(new FlagLease{flags_, slot});
+  table.expect_gpu_flag(imm, count, reinterpret_cast<uint32_t*>(flags_->host(slot)),
+                        std::move(lease));
+  return reinterpret_cast<uint32_t*>(flags_->device(slot));
+}
+
+void GpuServices::stop() {
+  std::unique_ptr<WatcherService> w;
+  {
+    std::lock_guard lk(mu_);
+    stopped_ = true;
+    w = std::move(watchers_);
+  }
+  // Joined outside mu_: a callback may call back into the engine.
+  if (w) w->stop();
+}
+
+}  // namespace ferry::cuda
