@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -52,20 +53,27 @@ class NetAddr {
   static NetAddr from_bytes(std::span<const uint8_t> bytes);
   static NetAddr from_hex(std::string_view hex);
 
-  std::span<const uint8_t> bytes() const { return bytes_; }
+  std::span<const uint8_t> bytes() const {
+    return bytes_ ? std::span<const uint8_t>(*bytes_) : std::span<const uint8_t>();
+  }
   std::string to_hex() const;
-  bool empty() const { return bytes_.empty(); }
+  bool empty() const { return !bytes_; }
   Transport transport() const;
   uint64_t incarnation() const;
   std::span<const uint8_t> raw() const;
   // Short human form for log and error messages: "fabric:1a2b…(inc 3f…)".
   std::string brief() const;
 
-  bool operator==(const NetAddr& o) const { return bytes_ == o.bytes_; }
-  size_t hash() const noexcept;
+  bool operator==(const NetAddr& o) const {
+    return bytes_ == o.bytes_ || (hash_ == o.hash_ && bytes_ && o.bytes_ && *bytes_ == *o.bytes_);
+  }
+  size_t hash() const noexcept { return hash_; }
 
  private:
-  std::vector<uint8_t> bytes_;
+  // Immutable and shared: addresses are copied into every request, so a copy
+  // is a reference-count increment and the hash is computed once.
+  std::shared_ptr<const std::vector<uint8_t>> bytes_;
+  size_t hash_ = 0;
 };
 
 // Local handle of a registered region: the base pointer plus a generation-

@@ -470,7 +470,8 @@ TransferId TransferEngine::submit_single_write(uint64_t len, std::optional<uint3
     throw Error(Code::kInvalidArgument,
                 fmt::format("submit_single_write: {} shards over {} NICs", route.max_shards, w.nics()));
   return im.submit(w, std::move(on_done),
-                   core::SingleReq{std::move(reg), src_offset, len, dst, dst_offset, imm, route});
+                   core::SingleReq{std::move(reg), src_offset, len, core::DstRef::of(dst), dst_offset,
+                                   imm, route});
 }
 
 TransferId TransferEngine::submit_paged_writes(uint64_t page_len, std::optional<uint32_t> imm,
@@ -505,7 +506,7 @@ TransferId TransferEngine::submit_paged_writes(uint64_t page_len, std::optional<
   check(dst_pages, dst.len, "destination");
   return im.submit(w, std::move(on_done),
                    core::PagedReq{std::move(reg), page_len, std::move(src_pages),
-                                  std::move(dst_pages), dst, imm});
+                                  std::move(dst_pages), core::DstRef::of(dst), imm});
 }
 
 TransferId TransferEngine::submit_imm(uint32_t imm, const MrDesc& dst, OnDone on_done,
@@ -519,7 +520,8 @@ TransferId TransferEngine::submit_imm(uint32_t imm, const MrDesc& dst, OnDone on
                 fmt::format("submit_imm: pinned NIC {} of {}", route.nic, w.nics()));
   // An immediate is one zero-byte write: never split.
   if (route.kind == WriteRoute::Kind::kSplit) route = WriteRoute::pinned(0);
-  return im.submit(w, std::move(on_done), core::SingleReq{im.send_pool.reg, 0, 0, dst, 0, imm, route});
+  return im.submit(w, std::move(on_done),
+                   core::SingleReq{im.send_pool.reg, 0, 0, core::DstRef::of(dst), 0, imm, route});
 }
 
 // ------------------------------------------------------------ peer groups

@@ -50,13 +50,19 @@ NetAddr::NetAddr(Transport t, uint64_t incarnation, std::span<const uint8_t> raw
     throw Error(Code::kInvalidArgument,
                 fmt::format("NetAddr: raw address of {} bytes (1..{} allowed)", raw.size(),
                             kMaxRawSize));
-  bytes_.reserve(kHeaderSize + raw.size());
-  core::ByteWriter w(bytes_);
+  std::vector<uint8_t> b;
+  b.reserve(kHeaderSize + raw.size());
+  core::ByteWriter w(b);
   w.put<uint8_t>(kVersion);
   w.put<uint8_t>(static_cast<uint8_t>(t));
   w.put<uint64_t>(incarnation);
   w.put<uint16_t>(static_cast<uint16_t>(raw.size()));
   w.put_bytes(raw);
+  // FNV-1a, once: addresses are hashed on every peer lookup.
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t x : b) h = (h ^ x) * 1099511628211ull;
+  hash_ = h;
+  bytes_ = std::make_shared<const std::vector<uint8_t>>(std::move(b));
 }
 
 NetAddr NetAddr::from_bytes(std::span<const uint8_t> bytes) {
@@ -81,22 +87,25 @@ NetAddr NetAddr::from_hex(std::string_view hex) {
   return from_bytes(b);
 }
 
-std::string NetAddr::to_hex() const { return core::to_hex(bytes_); }
+std::string NetAddr::to_hex() const { return core::to_hex(bytes()); }
 
 Transport NetAddr::transport() const {
-  return bytes_.size() > 1 ? static_cast<Transport>(bytes_[1]) : Transport::kFabric;
+  auto b = bytes();
+  return b.size() > 1 ? static_cast<Transport>(b[1]) : Transport::kFabric;
 }
 
 uint64_t NetAddr::incarnation() const {
-  if (bytes_.size() < kHeaderSize) return 0;
+  auto b = bytes();
+  if (b.size() < kHeaderSize) return 0;
   uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t(bytes_[2 + i]) << (8 * i);
+  for (int i = 0; i < 8; ++i) v |= uint64_t(b[2 + i]) << (8 * i);
   return v;
 }
 
 std::span<const uint8_t> NetAddr::raw() const {
-  if (bytes_.size() < kHeaderSize) return {};
-  return std::span<const uint8_t>(bytes_).subspan(kHeaderSize);
+  auto b = bytes();
+  if (b.size() < kHeaderSize) return {};
+  return b.subspan(kHeaderSize);
 }
 
 std::string NetAddr::brief() const {
@@ -108,12 +117,7 @@ std::string NetAddr::brief() const {
                      uint32_t(incarnation()));
 }
 
-size_t NetAddr::hash() const noexcept {
-  // FNV-1a: addresses are short and hashed on the control path only.
-  uint64_t h = 1469598103934665603ull;
-  for (uint8_t b : bytes_) h = (h ^ b) * 1099511628211ull;
-  return h;
-}
+
 
 // ----------------------------------------------------------------- MrDesc
 

@@ -382,7 +382,7 @@ void Worker::start_transfer(Command& cmd) {
 // addresses. Validation of user input happened on the submitting thread.
 Status Worker::prepare(Slot& s) {
   Status err;
-  auto resolve_desc = [&](const MrDesc& d, PeerId* out) {
+  auto resolve_desc = [&](const auto& d, PeerId* out) {
     for (uint8_t k = 0; k < nics_.size(); ++k) {
       out[k] = resolve(k, d.nics[k].addr, &err);
       if (!err.is_ok()) return false;

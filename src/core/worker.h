@@ -5,6 +5,7 @@
 
 #include <concurrentqueue/concurrentqueue.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -45,10 +46,23 @@ struct Registration {
 };
 using RegRef = std::shared_ptr<Registration>;
 
+// What a write needs of a destination descriptor, held without heap
+// allocation (addresses are immutable and shared).
+struct DstRef {
+  std::array<MrDesc::Nic, kMaxNics> nics;
+  uint8_t count = 0;
+  static DstRef of(const MrDesc& d) {
+    DstRef r;
+    r.count = static_cast<uint8_t>(std::min(d.nics.size(), kMaxNics));
+    for (size_t i = 0; i < r.count; ++i) r.nics[i] = d.nics[i];
+    return r;
+  }
+};
+
 struct SingleReq {
   RegRef src;
   uint64_t src_offset = 0, len = 0;
-  MrDesc dst;
+  DstRef dst;
   uint64_t dst_offset = 0;
   std::optional<uint32_t> imm;
   WriteRoute route;
@@ -57,7 +71,7 @@ struct PagedReq {
   RegRef src;
   uint64_t page_len = 0;
   Pages src_pages, dst_pages;
-  MrDesc dst;
+  DstRef dst;
   std::optional<uint32_t> imm;
 };
 struct ScatterReq {

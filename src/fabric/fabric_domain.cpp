@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include "core/log.h"
+#include "cuda/pointer_info.h"
 
 #include "fabric/fabric_domain.h"
 #include "fabric/fabric_domain_impl.h"
@@ -318,6 +319,32 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
 
 FabricDomain::~FabricDomain() = default;
 
+// A host buffer registered as GPU memory (or the reverse) would make the
+// provider pick the wrong copy path and fail far from the cause, or corrupt
+// memory with cudaMemcpy on a host address: refuse it here, naming both.
+Status check_memory_kind(const void* ptr, Device device) {
+  int ordinal = -1;
+  Status probe;
+  const bool on_gpu = cuda::is_device_pointer(ptr, &ordinal, &probe);
+  if (device.kind == Device::Kind::kCuda) {
+    if (!probe.is_ok()) return probe;  // kUnimplemented without CUDA
+    if (!on_gpu)
+      return Status(Code::kInvalidArgument,
+                    fmt::format("{} is host memory, registered as {}", ptr, device.to_string()));
+    if (ordinal != device.ordinal)
+      return Status(Code::kInvalidArgument,
+                    fmt::format("{} is memory of cuda:{}, registered as {}", ptr, ordinal,
+                                device.to_string()));
+    return Status::ok();
+  }
+  // Host registrations: without CUDA nothing can be device memory.
+  if (probe.is_ok() && on_gpu)
+    return Status(Code::kInvalidArgument,
+                  fmt::format("{} is GPU memory of cuda:{}, registered as {}", ptr, ordinal,
+                              device.to_string()));
+  return Status::ok();
+}
+
 std::unique_ptr<core::DomainMr> FabricDomain::register_mr(void* ptr, size_t len, Device device,
                                                           bool remote, Status* error) {
   const std::string& nic = res_->nic_name;
@@ -329,6 +356,10 @@ std::unique_ptr<core::DomainMr> FabricDomain::register_mr(void* ptr, size_t len,
     return nullptr;
   }
   const bool cuda = device.kind == Device::Kind::kCuda;
+  if (Status s = check_memory_kind(ptr, device); !s.is_ok()) {
+    set_error(error, Status(s.code(), fmt::format("fabric NIC '{}': {}", nic, s.message())));
+    return nullptr;
+  }
   if (cuda && (res_->info->caps & FI_HMEM) == 0) {
     set_error(error, Status(Code::kFailedPrecondition,
                             fmt::format("fabric NIC '{}': fi_mr_regattr: CUDA memory on a domain "
@@ -348,6 +379,9 @@ std::unique_ptr<core::DomainMr> FabricDomain::register_mr(void* ptr, size_t len,
     attr.requested_key = res_->next_key.fetch_add(1, std::memory_order_relaxed);
   }
   if (cuda) {
+    // DMA-BUF (cuMemGetHandleForAddressRange + FI_MR_DMABUF) would be tried
+    // first, but libfabric 1.17 has no FI_MR_DMABUF / struct fi_mr_dmabuf
+    // (they arrived in 1.20): the iov with FI_HMEM_CUDA is the only path.
     attr.iface = FI_HMEM_CUDA;
     attr.device.cuda = device.ordinal;
   } else {

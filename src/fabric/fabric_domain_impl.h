@@ -30,6 +30,9 @@ InfoPtr make_hints(const std::string& provider, bool hmem, const std::string& do
 // Exact provider match (no layered fallback) plus the features we rely on.
 bool info_usable(const fi_info* info, const std::string& provider) noexcept;
 std::string mr_mode_string(uint64_t mr_mode);
+// kInvalidArgument when ptr is not memory of `device` (host vs GPU, or another
+// GPU); kUnimplemented for GPU memory in a build without CUDA.
+Status check_memory_kind(const void* ptr, Device device);
 
 enum class OpKind : uint8_t { kFree, kWrite, kSend, kRecv, kInternalRecv };
 

@@ -103,17 +103,21 @@ TEST_P(EngineTest, CallbacksCountersAndFlagsAllSignalCompletion) {
   Buffer src(1 << 20);
   auto [h, d] = e.reg_mr(src.get(), src.len);
   test::fill_pattern(src.get(), src.len, 3);
+  // Remote visibility is signalled by immediates only: count them before
+  // checking bytes (a sender's completion says nothing about the far side).
+  ASSERT_EQ(ask(peer.channel(), "counter 9"), "ok");
   std::atomic<int> callbacks{0};
   std::atomic<uint64_t> done{0}, errors{0};
   std::atomic<bool> flag{false};
-  e.submit_single_write(4096, std::nullopt, h, 0, desc, 0, [&](const Status& s) {
+  e.submit_single_write(4096, 9, h, 0, desc, 0, [&](const Status& s) {
     if (s.is_ok()) callbacks.fetch_add(1);
   });
-  e.submit_single_write(4096, std::nullopt, h, 4096, desc, 4096, OnDone::counter(done, &errors));
-  e.submit_single_write(8192, std::nullopt, h, 8192, desc, 8192, OnDone::flag(flag));
+  e.submit_single_write(4096, 9, h, 4096, desc, 4096, OnDone::counter(done, &errors));
+  e.submit_single_write(8192, 9, h, 8192, desc, 8192, OnDone::flag(flag));
   ASSERT_TRUE(test::wait_until(
       [&] { return callbacks.load() == 1 && done.load() == 1 && flag.load(); }));
   EXPECT_EQ(errors.load(), 0u);
+  EXPECT_EQ(ask(peer.channel(), "count 9 3"), "ok 0");
   EXPECT_EQ(ask(peer.channel(), check_cmd(0, 16384, 3)), "ok");
   ask(peer.channel(), "quit");
   EXPECT_EQ(peer.wait(), 0);

@@ -1,0 +1,604 @@
+// NVLink Domain: one-sided writes between GPUs of one host through CUDA IPC
+// mappings; immediates through the target's shared-memory mailbox. See
+// docs/NVLINK.md for the design and why each choice was made.
+#include "nvlink/nvlink_domain.h"
+
+#include <cuda_runtime_api.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "cuda/pointer_info.h"
+#include "nvlink/nvlink_kernels.h"
+#include "nvlink/nvlink_shm.h"
+
+namespace ferry::nvlink {
+
+namespace {
+
+// Writes this large go to the copy engines (cudaMemcpyAsync), which reach
+// ~395 GB/s on their own and leave the SMs alone; smaller ones are cut into
+// <= 64 KiB ops of the next gather launch.
+constexpr uint64_t kCopyEngineMin = 4 << 20;
+constexpr uint32_t kBatches = 32;          // launches in flight
+constexpr uint32_t kMaxBatchOps = 4096;    // ops per launch
+// A batch is launched once it is this big, or when poll() runs without a
+// post since the last poll (the worker has nothing more to add right now).
+constexpr uint32_t kFlushOps = 512;
+constexpr uint64_t kFlushBytes = 8 << 20;
+
+std::string cuda_msg(cudaError_t e) {
+  return fmt::format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+void set_error(Status* error, Status s) {
+  if (error != nullptr) *error = std::move(s);
+}
+
+// One opened IPC handle. A process may open a given handle only once, so the
+// mappings are shared process-wide (several engines, several peers' regions
+// in one allocation) and closed when the last user drops it.
+struct IpcMapping {
+  uint8_t* base = nullptr;
+  ~IpcMapping() {
+    if (base != nullptr) cudaIpcCloseMemHandle(base);
+  }
+};
+
+std::shared_ptr<IpcMapping> open_ipc(uint32_t pid, const uint8_t* handle, Status* error) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<IpcMapping>> cache;
+  std::string key(reinterpret_cast<const char*>(&pid), sizeof(pid));
+  key.append(reinterpret_cast<const char*>(handle), kIpcHandleBytes);
+  std::lock_guard lk(mu);
+  if (auto it = cache.find(key); it != cache.end())
+    if (auto m = it->second.lock()) return m;
+  cudaIpcMemHandle_t h;
+  static_assert(sizeof(h) == kIpcHandleBytes);
+  std::memcpy(&h, handle, sizeof(h));
+  void* p = nullptr;
+  const cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    set_error(error, Status(Code::kUnavailable,
+                            fmt::format("cudaIpcOpenMemHandle of a region of pid {} failed: {}",
+                                        pid, cuda_msg(e))));
+    return nullptr;
+  }
+  auto m = std::make_shared<IpcMapping>();
+  m->base = static_cast<uint8_t*>(p);
+  cache[key] = m;
+  return m;
+}
+
+struct HostFree {
+  void operator()(void* p) const { cudaFreeHost(p); }
+};
+
+// Registration: unpublishes its IPC handle when destroyed; keeps the segment
+// alive so it may outlive the domain (the engine closes MRs after domains
+// may already be gone in error paths).
+class NvlinkMr final : public core::DomainMr {
+ public:
+  NvlinkMr(std::shared_ptr<ShmSegment> shm, std::shared_ptr<std::mutex> mu)
+      : shm_(std::move(shm)), mu_(std::move(mu)) {}
+  ~NvlinkMr() override {
+    if (shm_ && rkey != 0) {
+      std::lock_guard lk(*mu_);
+      shm_->unpublish(rkey);
+    }
+  }
+
+ private:
+  std::shared_ptr<ShmSegment> shm_;
+  std::shared_ptr<std::mutex> mu_;
+};
+
+class NvlinkDomain final : public core::Domain {
+ public:
+  static std::unique_ptr<core::Domain> open(const core::DomainOptions& options, Status* error);
+  ~NvlinkDomain() override;
+
+  const core::DomainInfo& info() const override { return info_; }
+  std::span<const uint8_t> raw_address() const override { return address_; }
+  std::unique_ptr<core::DomainMr> register_mr(void* ptr, size_t len, Device device, bool remote,
+                                              Status* error) override;
+  core::PeerId add_peer(std::span<const uint8_t> raw, Status* error) override;
+  void remove_peer(core::PeerId peer) override;
+  core::PostResult post_writes(std::span<const core::WriteDesc> writes) override;
+  core::PostResult post_send(core::PeerId, const void*, size_t, void*, uint64_t) override {
+    return {0, Status(Code::kUnimplemented,
+                      "nvlink: two-sided send/recv is not implemented; use a fabric group")};
+  }
+  core::PostResult post_recv(void*, size_t, void*, uint64_t) override {
+    return {0, Status(Code::kUnimplemented,
+                      "nvlink: two-sided send/recv is not implemented; use a fabric group")};
+  }
+  size_t poll(std::span<core::Completion> out) override;
+
+ private:
+  struct Target {
+    std::shared_ptr<IpcMapping> map;  // null for a peer in this process
+    uint8_t* base = nullptr;          // our address of the region's byte 0
+    uint64_t reg_ptr = 0;             // the owner's address of byte 0
+    uint64_t len = 0;
+  };
+  struct Peer {
+    std::string key;
+    RawAddress addr;
+    std::unique_ptr<ShmSegment> shm;
+    bool same_process = false;
+    std::unordered_map<uint64_t, Target> targets;
+    uint64_t last_rkey = 0;
+    Target* last = nullptr;
+  };
+  struct Item {
+    uint64_t ctx;
+    uint32_t peer;
+    uint32_t imm;
+    bool has_imm;
+  };
+  struct Done {
+    Item item;
+    Status status;
+  };
+  struct Batch {
+    cudaEvent_t event = nullptr;
+    CopyOp* ops = nullptr;  // kMaxBatchOps entries of pinned mapped memory
+    uint32_t nops = 0;
+    uint64_t bytes = 0;
+    std::vector<Item> items;
+  };
+
+  NvlinkDomain() = default;
+  Target* resolve(Peer& p, uint64_t rkey, Status* error);
+  Batch* open_batch() { return issued_ < kBatches ? &batches_[(head_ + issued_) % kBatches] : nullptr; }
+  void flush();
+  void fail_batch(Batch& b, const Status& s);
+  std::string peer_name(const Peer& p) const {
+    return fmt::format("pid {} cuda:{}", p.addr.pid, p.addr.device);
+  }
+
+  int device_ = 0;
+  core::DomainInfo info_;
+  std::vector<uint8_t> address_;
+  RawAddress self_;
+  std::shared_ptr<ShmSegment> shm_;
+  std::shared_ptr<std::mutex> shm_mu_ = std::make_shared<std::mutex>();
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CopyOp, HostFree> ops_mem_;
+  Batch batches_[kBatches];
+  uint32_t head_ = 0;    // oldest launched batch
+  uint32_t issued_ = 0;  // launched, not yet retired
+  bool posted_since_poll_ = false;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::unordered_map<std::string, core::PeerId> peer_ids_;
+  std::deque<Done> done_;  // finished locally; immediates not yet pushed
+};
+
+std::unique_ptr<core::Domain> NvlinkDomain::open(const core::DomainOptions& options,
+                                                 Status* error) {
+  if (options.device.is_host()) {
+    set_error(error, Status(Code::kInvalidArgument,
+                            "nvlink: the provider serves GPU memory: use a group for a CUDA "
+                            "device (GroupConfig{Device::cuda(n)})"));
+    return nullptr;
+  }
+  std::unique_ptr<NvlinkDomain> d(new NvlinkDomain());
+  d->device_ = options.device.ordinal;
+  cudaError_t e = cudaSetDevice(d->device_);
+  if (e != cudaSuccess) {
+    set_error(error, Status(Code::kUnavailable, fmt::format("nvlink: cudaSetDevice({}): {}",
+                                                            d->device_, cuda_msg(e))));
+    return nullptr;
+  }
+  if (!local_boot_id(&d->self_.boot_id)) {
+    set_error(error, Status(Code::kUnavailable,
+                            "nvlink: /proc/sys/kernel/random/boot_id is unreadable; it names the "
+                            "host in NVLink addresses"));
+    return nullptr;
+  }
+  std::random_device rd;
+  d->self_.pid = uint32_t(::getpid());
+  d->self_.device = d->device_;
+  d->self_.shm_name = fmt::format("/ferry-nvl-{}-{}-{:08x}", d->self_.pid, options.position, rd());
+  Status st;
+  std::unique_ptr<ShmSegment> shm = ShmSegment::create(d->self_.shm_name, d->self_.pid, d->device_, &st);
+  if (!shm) {
+    set_error(error, st);
+    return nullptr;
+  }
+  d->shm_ = std::move(shm);
+  d->address_ = d->self_.encode();
+
+  e = cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking);
+  void* ops = nullptr;
+  if (e == cudaSuccess)
+    e = cudaHostAlloc(&ops, sizeof(CopyOp) * kMaxBatchOps * kBatches,
+                      cudaHostAllocPortable | cudaHostAllocMapped);
+  if (e == cudaSuccess) d->ops_mem_.reset(static_cast<CopyOp*>(ops));
+  for (uint32_t i = 0; i < kBatches && e == cudaSuccess; ++i) {
+    e = cudaEventCreateWithFlags(&d->batches_[i].event, cudaEventDisableTiming);
+    d->batches_[i].ops = d->ops_mem_.get() + size_t(i) * kMaxBatchOps;
+    d->batches_[i].items.reserve(kMaxBatchOps);
+  }
+  if (e != cudaSuccess) {
+    set_error(error, Status(Code::kUnavailable,
+                            fmt::format("nvlink: setting up cuda:{} failed: {}", d->device_,
+                                        cuda_msg(e))));
+    return nullptr;
+  }
+  d->info_.name = fmt::format("nvlink-cuda{}-{}", d->device_, options.position);
+  d->info_.provider = "nvlink";
+  d->info_.fabric = "nvlink";
+  d->info_.max_msg_size = ~0ull;
+  d->info_.transport = Transport::kNvlink;
+  core::log().info("ferry nvlink: opened {} (segment {})", d->info_.name, d->self_.shm_name);
+  set_error(error, Status::ok());
+  return d;
+}
+
+NvlinkDomain::~NvlinkDomain() {
+  if (stream_ != nullptr) {
+    // Copies still running write into peers' memory through mappings we are
+    // about to close: wait for them.
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+  for (auto& b : batches_)
+    if (b.event != nullptr) cudaEventDestroy(b.event);
+  peers_.clear();
+}
+
+std::unique_ptr<core::DomainMr> NvlinkDomain::register_mr(void* ptr, size_t len, Device device,
+                                                          bool remote, Status* error) {
+  if (device.is_host()) {
+    if (remote) {
+      set_error(error, Status(Code::kInvalidArgument,
+                              fmt::format("nvlink: {} registered as host memory: the NVLink "
+                                          "domain exports GPU memory only",
+                                          ptr)));
+      return nullptr;
+    }
+    // Engine-internal buffers (the send pool) are never written over NVLink.
+    set_error(error, Status::ok());
+    return std::make_unique<NvlinkMr>(nullptr, nullptr);
+  }
+  cuda::PointerInfo pi;
+  Status st;
+  cuda::pointer_info(ptr, &pi, &st);
+  if (!st.is_ok()) {
+    set_error(error, st);
+    return nullptr;
+  }
+  if (!pi.device || pi.ordinal != device.ordinal) {
+    set_error(error, Status(Code::kInvalidArgument,
+                            pi.device ? fmt::format("nvlink: {} is memory of cuda:{}, registered "
+                                                    "as {}",
+                                                    ptr, pi.ordinal, device.to_string())
+                                      : fmt::format("nvlink: {} is host memory, registered as {}",
+                                                    ptr, device.to_string())));
+    return nullptr;
+  }
+  if (device.ordinal != device_) {
+    set_error(error, Status(Code::kInvalidArgument,
+                            fmt::format("nvlink: {} is memory of {}, this domain serves cuda:{}",
+                                        ptr, device.to_string(), device_)));
+    return nullptr;
+  }
+  const uint64_t p = reinterpret_cast<uint64_t>(ptr);
+  if (p < pi.range_start || p + len > pi.range_start + pi.range_size) {
+    set_error(error, Status(Code::kInvalidArgument,
+                            fmt::format("nvlink: [{}, +{}) crosses the end of its CUDA "
+                                        "allocation ({} bytes at {:#x})",
+                                        ptr, len, pi.range_size, pi.range_start)));
+    return nullptr;
+  }
+  cudaSetDevice(device_);
+  cudaIpcMemHandle_t h;
+  const cudaError_t e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(pi.range_start));
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    set_error(error, Status(Code::kInvalidArgument,
+                            fmt::format("nvlink: cudaIpcGetMemHandle({:#x}) for {} failed: {} "
+                                        "(memory from cudaMallocAsync pools or cuMemCreate cannot "
+                                        "be exported this way; use cudaMalloc)",
+                                        pi.range_start, ptr, cuda_msg(e))));
+    return nullptr;
+  }
+  uint8_t bytes[kIpcHandleBytes];
+  std::memcpy(bytes, &h, sizeof(bytes));
+  uint64_t rkey;
+  {
+    std::lock_guard lk(*shm_mu_);
+    rkey = shm_->publish(p, len, p - pi.range_start, bytes);
+  }
+  if (rkey == 0) {
+    set_error(error, Status(Code::kResourceExhausted,
+                            fmt::format("nvlink: all {} region slots of {} are in use",
+                                        kRegionCapacity, info_.name)));
+    return nullptr;
+  }
+  auto mr = std::make_unique<NvlinkMr>(shm_, shm_mu_);
+  mr->rkey = rkey;
+  mr->remote_base = p;
+  set_error(error, Status::ok());
+  return mr;
+}
+
+core::PeerId NvlinkDomain::add_peer(std::span<const uint8_t> raw, Status* error) {
+  std::string key(reinterpret_cast<const char*>(raw.data()), raw.size());
+  if (auto it = peer_ids_.find(key); it != peer_ids_.end()) {
+    set_error(error, Status::ok());
+    return it->second;
+  }
+  std::string why;
+  auto a = RawAddress::decode(raw, &why);
+  if (!a) {
+    set_error(error, Status(Code::kInvalidArgument,
+                            fmt::format("nvlink {}: not an NVLink address: {}", info_.name, why)));
+    return 0;
+  }
+  if (a->boot_id != self_.boot_id) {
+    set_error(error, Status(Code::kInvalidArgument,
+                            fmt::format("nvlink {}: the peer (pid {}, cuda:{}) is on another host "
+                                        "(boot id differs): NVLink reaches GPUs of this host only",
+                                        info_.name, a->pid, a->device)));
+    return 0;
+  }
+  if (::kill(pid_t(a->pid), 0) != 0 && errno == ESRCH) {
+    set_error(error, Status(Code::kUnavailable,
+                            fmt::format("nvlink {}: peer pid {} no longer exists", info_.name,
+                                        a->pid)));
+    return 0;
+  }
+  Status st;
+  auto p = std::make_unique<Peer>();
+  p->shm = ShmSegment::open(a->shm_name, &st);
+  if (!p->shm) {
+    set_error(error, st);
+    return 0;
+  }
+  if (p->shm->header().pid != a->pid || p->shm->header().device != a->device) {
+    set_error(error, Status(Code::kInvalidArgument,
+                            fmt::format("nvlink {}: segment {} belongs to pid {} cuda:{}, the "
+                                        "address names pid {} cuda:{}",
+                                        info_.name, a->shm_name, p->shm->header().pid,
+                                        p->shm->header().device, a->pid, a->device)));
+    return 0;
+  }
+  p->same_process = a->pid == self_.pid;
+  if (p->same_process && a->device != device_) {
+    // Another engine of this process: its pointers are ours, but the kernel
+    // and the copy engines need peer access to reach them.
+    cudaSetDevice(device_);
+    const cudaError_t e = cudaDeviceEnablePeerAccess(a->device, 0);
+    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();
+      set_error(error, Status(Code::kUnavailable,
+                              fmt::format("nvlink {}: cudaDeviceEnablePeerAccess(cuda:{}): {}",
+                                          info_.name, a->device, cuda_msg(e))));
+      return 0;
+    }
+    cudaGetLastError();
+  }
+  p->key = key;
+  p->addr = std::move(*a);
+  const core::PeerId id = peers_.size();
+  peers_.push_back(std::move(p));
+  peer_ids_.emplace(std::move(key), id);
+  set_error(error, Status::ok());
+  return id;
+}
+
+void NvlinkDomain::remove_peer(core::PeerId peer) {
+  if (peer >= peers_.size() || !peers_[peer]) return;
+  // Copies in flight may still target its mappings.
+  cudaStreamSynchronize(stream_);
+  peer_ids_.erase(peers_[peer]->key);
+  peers_[peer].reset();
+}
+
+NvlinkDomain::Target* NvlinkDomain::resolve(Peer& p, uint64_t rkey, Status* error) {
+  // The generation check is one load from the owner's table: a region
+  // unregistered since we mapped it is refused, not written.
+  const uint32_t slot = uint32_t(rkey);
+  const bool live = slot < kRegionCapacity &&
+                    p.shm->regions()[slot].gen.load(std::memory_order_acquire) == (rkey >> 32) &&
+                    (rkey >> 32) != 0;
+  if (!live) {
+    if (auto it = p.targets.find(rkey); it != p.targets.end()) {
+      if (p.last == &it->second) p.last = nullptr, p.last_rkey = 0;
+      p.targets.erase(it);
+    }
+    *error = Status(Code::kNotFound,
+                    fmt::format("nvlink {}: rkey {:#x} is not registered at {} (unregistered, or "
+                                "a descriptor of another incarnation)",
+                                info_.name, rkey, peer_name(p)));
+    return nullptr;
+  }
+  if (p.last != nullptr && p.last_rkey == rkey) return p.last;
+  auto it = p.targets.find(rkey);
+  if (it == p.targets.end()) {
+    RegionEntry e;
+    if (!p.shm->lookup(rkey, &e)) {
+      *error = Status(Code::kNotFound, fmt::format("nvlink {}: rkey {:#x} vanished at {}",
+                                                   info_.name, rkey, peer_name(p)));
+      return nullptr;
+    }
+    Target t;
+    t.reg_ptr = e.ptr;
+    t.len = e.len;
+    if (p.same_process) {
+      t.base = reinterpret_cast<uint8_t*>(e.ptr);
+    } else {
+      t.map = open_ipc(p.addr.pid, e.handle, error);
+      if (!t.map) {
+        *error = Status(error->code(), fmt::format("nvlink {}: {} (peer {})", info_.name,
+                                                   error->message(), peer_name(p)));
+        return nullptr;
+      }
+      t.base = t.map->base + e.alloc_offset;
+    }
+    it = p.targets.emplace(rkey, std::move(t)).first;
+  }
+  p.last_rkey = rkey;
+  p.last = &it->second;
+  return p.last;
+}
+
+core::PostResult NvlinkDomain::post_writes(std::span<const core::WriteDesc> writes) {
+  cudaSetDevice(device_);
+  posted_since_poll_ = true;
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const core::WriteDesc& w = writes[i];
+    if (w.peer >= peers_.size() || !peers_[w.peer])
+      return {i, Status(Code::kInvalidArgument,
+                        fmt::format("nvlink {}: unknown peer id {}", info_.name, w.peer))};
+    Peer& p = *peers_[w.peer];
+    const Item item{w.ctx, uint32_t(w.peer), w.imm, w.has_imm};
+    Status err;
+    Target* t = resolve(p, w.rkey, &err);
+    if (t == nullptr) return {i, err};
+    const uint64_t off = w.remote_addr - t->reg_ptr;
+    if (w.remote_addr < t->reg_ptr || off > t->len || w.len > t->len - off)
+      return {i, Status(Code::kOutOfRange,
+                        fmt::format("nvlink {}: write of {} bytes at {:#x} outside the region "
+                                    "[{:#x}, +{}) of {}",
+                                    info_.name, w.len, w.remote_addr, t->reg_ptr, t->len,
+                                    peer_name(p)))};
+    if (w.len == 0) {  // immediate only: no data to wait for
+      done_.push_back({item, Status::ok()});
+      continue;
+    }
+    uint8_t* dst = t->base + off;
+    Batch* b = open_batch();
+    if (b == nullptr) return {i, Status::ok()};  // every launch slot in flight
+    if (w.len >= kCopyEngineMin) {
+      const cudaError_t e = cudaMemcpyAsync(dst, w.src, w.len, cudaMemcpyDefault, stream_);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        return {i, Status(Code::kInternal,
+                          fmt::format("nvlink {}: cudaMemcpyAsync of {} bytes to {}: {}",
+                                      info_.name, w.len, peer_name(p), cuda_msg(e)))};
+      }
+    } else {
+      const uint32_t need = uint32_t((w.len + kMaxOpBytes - 1) / kMaxOpBytes);
+      if (b->nops + need > kMaxBatchOps) {
+        flush();
+        b = open_batch();
+        if (b == nullptr) return {i, Status::ok()};
+      }
+      const auto src = reinterpret_cast<uint64_t>(w.src);
+      const auto d = reinterpret_cast<uint64_t>(dst);
+      for (uint64_t o = 0; o < w.len; o += kMaxOpBytes)
+        b->ops[b->nops++] = CopyOp{src + o, d + o, std::min(kMaxOpBytes, w.len - o)};
+    }
+    b->bytes += w.len;
+    b->items.push_back(item);
+    if (b->nops >= kFlushOps || b->bytes >= kFlushBytes) flush();
+  }
+  return {writes.size(), Status::ok()};
+}
+
+void NvlinkDomain::fail_batch(Batch& b, const Status& s) {
+  for (const Item& it : b.items) done_.push_back({it, s});
+  b.items.clear();
+  b.nops = 0;
+  b.bytes = 0;
+}
+
+void NvlinkDomain::flush() {
+  Batch* b = open_batch();
+  if (b == nullptr || b->items.empty()) return;
+  cudaError_t e = launch_gather(b->ops, b->nops, stream_);
+  if (e == cudaSuccess) e = cudaEventRecord(b->event, stream_);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail_batch(*b, Status(Code::kInternal, fmt::format("nvlink {}: launching {} copies: {}",
+                                                       info_.name, b->nops, cuda_msg(e))));
+    return;
+  }
+  ++issued_;
+}
+
+size_t NvlinkDomain::poll(std::span<core::Completion> out) {
+  if (!posted_since_poll_) {
+    if (Batch* b = open_batch(); b != nullptr && !b->items.empty()) {
+      cudaSetDevice(device_);
+      flush();
+    }
+  }
+  posted_since_poll_ = false;
+  while (issued_ > 0) {
+    Batch& b = batches_[head_];
+    const cudaError_t e = cudaEventQuery(b.event);
+    if (e == cudaErrorNotReady) break;
+    if (e == cudaSuccess) {
+      for (const Item& it : b.items) done_.push_back({it, Status::ok()});
+      b.items.clear();
+      b.nops = 0;
+      b.bytes = 0;
+    } else {
+      cudaGetLastError();
+      // The immediates of failed copies are never sent: the target must not
+      // count data that did not land.
+      fail_batch(b, Status(Code::kInternal,
+                           fmt::format("nvlink {}: copy of {} bytes failed on the GPU: {}",
+                                       info_.name, b.bytes, cuda_msg(e))));
+    }
+    head_ = (head_ + 1) % kBatches;
+    --issued_;
+  }
+  size_t n = 0;
+  while (n < out.size() && !done_.empty()) {
+    Done& d = done_.front();
+    if (d.status.is_ok() && d.item.has_imm) {
+      Peer* p = d.item.peer < peers_.size() ? peers_[d.item.peer].get() : nullptr;
+      if (p == nullptr) {
+        d.status = Status(Code::kUnavailable, fmt::format("nvlink {}: peer removed before its "
+                                                          "immediate could be delivered",
+                                                          info_.name));
+      } else if (!p->shm->push_imm(d.item.imm)) {
+        break;  // its mailbox is full: retry on the next poll
+      }
+    }
+    core::Completion& c = out[n++];
+    c = core::Completion{};
+    c.kind = core::Completion::Kind::kWrite;
+    c.ctx = d.item.ctx;
+    c.status = std::move(d.status);
+    done_.pop_front();
+  }
+  if (n < out.size()) {
+    uint32_t imms[64];
+    const size_t k = shm_->pop_imms(std::span(imms, std::min(out.size() - n, std::size(imms))));
+    for (size_t i = 0; i < k; ++i) {
+      core::Completion& c = out[n++];
+      c = core::Completion{};
+      c.kind = core::Completion::Kind::kRemoteImm;
+      c.imm = imms[i];
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+std::unique_ptr<core::Domain> open_nvlink_domain(const core::DomainOptions& options,
+                                                 Status* error) {
+  return NvlinkDomain::open(options, error);
+}
+
+}  // namespace ferry::nvlink

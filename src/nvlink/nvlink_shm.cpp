@@ -1,0 +1,195 @@
+#include "nvlink/nvlink_shm.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include <fmt/format.h>
+
+namespace ferry::nvlink {
+
+namespace {
+Status sys_error(const char* call, const std::string& name) {
+  return Status(Code::kUnavailable,
+                fmt::format("nvlink: {}('{}') failed: {}", call, name, std::strerror(errno)));
+}
+}  // namespace
+
+std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t pid, int device,
+                                               Status* error) {
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    *error = sys_error("shm_open", name);
+    return nullptr;
+  }
+  std::unique_ptr<ShmSegment> s(new ShmSegment());
+  s->name_ = name;
+  s->owner_ = true;  // unlinks from here on, also on failure below
+  if (::ftruncate(fd, kShmBytes) != 0) {
+    *error = sys_error("ftruncate", name);
+    ::close(fd);
+    return nullptr;
+  }
+  void* p = ::mmap(nullptr, kShmBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    *error = sys_error("mmap", name);
+    return nullptr;
+  }
+  s->base_ = p;
+  // ftruncate zero-filled the segment; constructing the atomics in place
+  // keeps it well-defined C++.
+  auto* h = new (p) ShmHeader{};
+  h->version = kShmVersion;
+  h->pid = pid;
+  h->device = device;
+  h->mailbox_capacity = kMailboxCapacity;
+  h->region_capacity = kRegionCapacity;
+  h->enqueue_pos.store(0, std::memory_order_relaxed);
+  h->dequeue_pos = 0;
+  MailboxCell* cells = s->cells();
+  for (uint32_t i = 0; i < kMailboxCapacity; ++i) {
+    new (&cells[i]) MailboxCell{};
+    cells[i].seq.store(i, std::memory_order_relaxed);
+  }
+  RegionEntry* regs = s->regions();
+  for (uint32_t i = 0; i < kRegionCapacity; ++i) new (&regs[i]) RegionEntry{};
+  // The magic last, released: a reader that sees it sees an initialised segment.
+  std::atomic_ref<uint64_t>(h->magic).store(kShmMagic, std::memory_order_release);
+  *error = Status::ok();
+  return s;
+}
+
+std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, Status* error) {
+  const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    *error = Status(errno == ENOENT ? Code::kUnavailable : Code::kFailedPrecondition,
+                    fmt::format("nvlink: peer segment '{}' cannot be opened ({}): the peer "
+                                "exited or runs as another user",
+                                name, std::strerror(errno)));
+    return nullptr;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || size_t(st.st_size) < kShmBytes) {
+    ::close(fd);
+    *error = Status(Code::kInvalidArgument,
+                    fmt::format("nvlink: peer segment '{}' is {} bytes, expected {}", name,
+                                size_t(st.st_size), kShmBytes));
+    return nullptr;
+  }
+  void* p = ::mmap(nullptr, kShmBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    *error = sys_error("mmap", name);
+    return nullptr;
+  }
+  std::unique_ptr<ShmSegment> s(new ShmSegment());
+  s->name_ = name;
+  s->base_ = p;
+  const ShmHeader& h = s->header();
+  if (std::atomic_ref<const uint64_t>(h.magic).load(std::memory_order_acquire) != kShmMagic ||
+      h.version != kShmVersion || h.mailbox_capacity != kMailboxCapacity ||
+      h.region_capacity != kRegionCapacity) {
+    *error = Status(Code::kInvalidArgument,
+                    fmt::format("nvlink: '{}' is not a ferry NVLink segment of version {}", name,
+                                kShmVersion));
+    return nullptr;
+  }
+  *error = Status::ok();
+  return s;
+}
+
+ShmSegment::~ShmSegment() {
+  if (base_ != nullptr) ::munmap(base_, kShmBytes);
+  if (owner_) ::shm_unlink(name_.c_str());
+}
+
+bool ShmSegment::push_imm(uint32_t imm) {
+  ShmHeader& h = header();
+  MailboxCell* c = cells();
+  uint64_t pos = h.enqueue_pos.load(std::memory_order_relaxed);
+  for (;;) {
+    MailboxCell& cell = c[pos & (kMailboxCapacity - 1)];
+    const uint64_t seq = cell.seq.load(std::memory_order_acquire);
+    const int64_t dif = int64_t(seq) - int64_t(pos);
+    if (dif == 0) {
+      if (h.enqueue_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+        cell.imm = imm;
+        cell.seq.store(pos + 1, std::memory_order_release);
+        return true;
+      }
+    } else if (dif < 0) {
+      return false;  // full: the owner has not drained a lap behind
+    } else {
+      pos = h.enqueue_pos.load(std::memory_order_relaxed);
+    }
+  }
+}
+
+size_t ShmSegment::pop_imms(std::span<uint32_t> out) {
+  ShmHeader& h = header();
+  MailboxCell* c = cells();
+  size_t n = 0;
+  while (n < out.size()) {
+    const uint64_t pos = h.dequeue_pos;
+    MailboxCell& cell = c[pos & (kMailboxCapacity - 1)];
+    if (cell.seq.load(std::memory_order_acquire) != pos + 1) break;
+    out[n++] = cell.imm;
+    cell.seq.store(pos + kMailboxCapacity, std::memory_order_release);
+    h.dequeue_pos = pos + 1;
+  }
+  return n;
+}
+
+uint64_t ShmSegment::publish(uint64_t ptr, uint64_t len, uint64_t alloc_offset,
+                             const uint8_t (&handle)[kIpcHandleBytes]) {
+  uint32_t slot;
+  if (free_count_ > 0) {
+    slot = free_list_[--free_count_];
+  } else if (next_free_ < kRegionCapacity) {
+    slot = next_free_++;
+  } else {
+    return 0;
+  }
+  RegionEntry& e = regions()[slot];
+  const uint64_t gen = next_gen_++;
+  e.gen.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  e.ptr = ptr;
+  e.len = len;
+  e.alloc_offset = alloc_offset;
+  std::memcpy(e.handle, handle, kIpcHandleBytes);
+  e.gen.store(gen, std::memory_order_release);
+  return gen << 32 | slot;
+}
+
+void ShmSegment::unpublish(uint64_t rkey) {
+  const uint32_t slot = uint32_t(rkey);
+  if (slot >= kRegionCapacity) return;
+  RegionEntry& e = regions()[slot];
+  if (e.gen.load(std::memory_order_relaxed) != rkey >> 32) return;
+  e.gen.store(0, std::memory_order_release);
+  free_list_[free_count_++] = slot;
+}
+
+bool ShmSegment::lookup(uint64_t rkey, RegionEntry* out) {
+  const uint32_t slot = uint32_t(rkey);
+  const uint64_t gen = rkey >> 32;
+  if (slot >= kRegionCapacity || gen == 0) return false;
+  RegionEntry& e = regions()[slot];
+  // Seqlock read: the generation before and after brackets a stable copy.
+  if (e.gen.load(std::memory_order_acquire) != gen) return false;
+  out->ptr = e.ptr;
+  out->len = e.len;
+  out->alloc_offset = e.alloc_offset;
+  std::memcpy(out->handle, e.handle, kIpcHandleBytes);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return e.gen.load(std::memory_order_relaxed) == gen;
+}
+
+}  // namespace ferry::nvlink

@@ -1,0 +1,109 @@
+// The shared-memory half of the NVLink domain (plain C++, no CUDA): each
+// domain owns one POSIX shm segment that peers on the same host map. It holds
+//   - the mailbox: a bounded multi-producer ring of 32-bit immediates that
+//     writers push after their data is complete and the owner's poll() drains;
+//   - the region table: for each registration, the CUDA IPC handle of its
+//     allocation, indexed by the slot in the rkey.
+// Descriptors (MrDesc) only carry rkey and base, so the 64-byte IPC handle
+// cannot travel in them; the table makes the rkey enough.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "ferry/status.h"
+
+namespace ferry::nvlink {
+
+inline constexpr uint64_t kShmMagic = 0x4b4e4c564e595246ull;  // "FRYNVLNK"
+inline constexpr uint32_t kShmVersion = 1;
+inline constexpr uint32_t kMailboxCapacity = 1u << 16;  // power of two
+inline constexpr uint32_t kRegionCapacity = 4096;
+inline constexpr size_t kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
+
+// Atomics in the segment must be address-free to work across processes.
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+struct MailboxCell {
+  std::atomic<uint64_t> seq;  // Vyukov sequence: pos = free for producer pos, pos+1 = full
+  uint32_t imm;
+  uint32_t pad;
+};
+
+struct RegionEntry {
+  // 0 = free or being rewritten; else the generation in the rkey's top half.
+  std::atomic<uint64_t> gen;
+  uint64_t ptr;           // owner's address of byte 0 of the registration
+  uint64_t len;
+  uint64_t alloc_offset;  // ptr - base of the CUDA allocation the handle covers
+  uint8_t handle[kIpcHandleBytes];
+  uint8_t pad[32];
+};
+static_assert(sizeof(RegionEntry) == 128);
+
+struct ShmHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t pid;
+  int32_t device;
+  uint32_t mailbox_capacity;
+  uint32_t region_capacity;
+  uint32_t pad0;
+  alignas(64) std::atomic<uint64_t> enqueue_pos;
+  alignas(64) uint64_t dequeue_pos;  // owner only
+  alignas(64) uint8_t pad1[64];
+};
+
+inline constexpr size_t kShmBytes =
+    sizeof(ShmHeader) + sizeof(MailboxCell) * kMailboxCapacity + sizeof(RegionEntry) * kRegionCapacity;
+
+// RAII mapping of a segment. The owner creates (and on destruction unlinks)
+// it; writers open an existing one by name.
+class ShmSegment {
+ public:
+  static std::unique_ptr<ShmSegment> create(const std::string& name, uint32_t pid, int device,
+                                            Status* error);
+  static std::unique_ptr<ShmSegment> open(const std::string& name, Status* error);
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  ShmHeader& header() { return *static_cast<ShmHeader*>(base_); }
+  MailboxCell* cells() {
+    return reinterpret_cast<MailboxCell*>(static_cast<uint8_t*>(base_) + sizeof(ShmHeader));
+  }
+  RegionEntry* regions() {
+    return reinterpret_cast<RegionEntry*>(reinterpret_cast<uint8_t*>(cells()) +
+                                          sizeof(MailboxCell) * kMailboxCapacity);
+  }
+  const std::string& name() const { return name_; }
+
+  // Any process: false when the ring is full (back-pressure; retry later).
+  bool push_imm(uint32_t imm);
+  // Owner only: up to out.size() immediates in push order.
+  size_t pop_imms(std::span<uint32_t> out);
+
+  // Owner only: publishes a region; returns its rkey (generation << 32 | slot)
+  // or 0 when the table is full.
+  uint64_t publish(uint64_t ptr, uint64_t len, uint64_t alloc_offset,
+                   const uint8_t (&handle)[kIpcHandleBytes]);
+  void unpublish(uint64_t rkey);
+  // Any process: copies the entry of `rkey` when it is still published.
+  bool lookup(uint64_t rkey, RegionEntry* out);
+
+ private:
+  ShmSegment() = default;
+  std::string name_;
+  void* base_ = nullptr;
+  bool owner_ = false;
+  uint32_t next_free_ = 0;      // owner: slots never used yet start here
+  uint32_t free_list_[kRegionCapacity];
+  uint32_t free_count_ = 0;
+  uint64_t next_gen_ = 1;
+};
+
+}  // namespace ferry::nvlink
