@@ -475,6 +475,25 @@ class TransferEngine:
         """callback(imm) for every immediate that no counter or expectation takes."""
         self._e.on_imm(callback)
 
+    # ------------------------------------------------------------ GPU signalling
+
+    def alloc_uvm_watcher(self, callback: Callable[[int, int], bool]) -> int:
+        """Allocate a zeroed 64-bit word that GPU kernels (also inside CUDA graphs) update.
+
+        Returns its address (device-visible, pass it to a kernel). callback(old, new) runs on
+        the engine's watcher thread when the value changes (changes may be coalesced; the final
+        value is always seen) and returns True to stay armed; False or an exception releases
+        the word. Raises ferry.Unimplemented in builds without CUDA.
+        """
+        return self._e.alloc_uvm_watcher(callback)
+
+    def imm_counter_gpu(self, imm: int, count: int) -> int:
+        """Address of a device-visible 32-bit flag: each time `count` more immediates `imm`
+        arrived, the NIC worker stores the next generation (1, 2, ...) with a release store.
+        A kernel waits with ferry/device.cuh's wait_flag. Replaces any mapping of `imm`.
+        Raises ferry.Unimplemented in builds without CUDA."""
+        return self._e.imm_counter_gpu(imm, count)
+
     # ------------------------------------------------------------------ lifetime
 
     def stop(self) -> None:

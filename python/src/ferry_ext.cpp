@@ -665,6 +665,30 @@ class PyEngine {
     });
   }
 
+  // --- GPU signalling (builds without CUDA raise Unimplemented)
+  uintptr_t alloc_uvm_watcher(nb::callable cb) {
+    check_running();
+    auto slot = add_slot(cb);
+    auto sh = shared_;
+    nb::gil_scoped_release release;
+    uint64_t* word = engine_->alloc_uvm_watcher([slot, sh](uint64_t old_v, uint64_t new_v) {
+      bool keep = false;  // an exception releases the watcher
+      run_py(*sh, "uvm watcher callback", [&] {
+        if (slot->fn) keep = nb::cast<bool>(slot->fn.get()(old_v, new_v));
+      });
+      return keep;
+    });
+    return reinterpret_cast<uintptr_t>(word);
+  }
+
+  uintptr_t imm_counter_gpu(int64_t imm, int64_t count) {
+    check_running();
+    auto i = u32(imm, "imm");
+    auto n = u32(count, "count");
+    nb::gil_scoped_release release;
+    return reinterpret_cast<uintptr_t>(engine_->imm_counter_gpu(i, n));
+  }
+
   void stop() {
     if (t_callback_depth > 0)
       throw Error(Code::kFailedPrecondition,
@@ -1279,6 +1303,8 @@ NB_MODULE(_ferry, m) {
       .def("remove_imm_count", &E::remove_imm_count, "imm"_a)
       .def("imm_counter", &E::imm_counter, "imm"_a)
       .def("on_imm", &E::on_imm, "callback"_a)
+      .def("alloc_uvm_watcher", &E::alloc_uvm_watcher, "callback"_a)
+      .def("imm_counter_gpu", &E::imm_counter_gpu, "imm"_a, "count"_a)
       .def("stop", &E::stop);
   (void)none;
 }

@@ -399,3 +399,20 @@ def test_version_single_source():
         assert version("ferry") == ferry.__version__
     except Exception:
         pass  # not installed through pip (plain CMake build on PYTHONPATH)
+
+
+def _gpu_present() -> bool:
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def test_gpu_signalling_without_a_gpu_is_a_typed_error():
+    if _gpu_present():
+        pytest.skip("a GPU is present: tests/python/test_gpu.py covers this")
+    with engine_for("shm") as e:
+        with pytest.raises(ferry.FerryError):
+            e.alloc_uvm_watcher(lambda old, new: True)
+        with pytest.raises(ferry.FerryError):
+            e.imm_counter_gpu(5, 1)
