@@ -390,6 +390,16 @@ std::unique_ptr<core::DomainMr> FabricDomain::register_mr(void* ptr, size_t len,
 
   fid_mr* raw_mr = nullptr;
   int ret = fi_mr_regattr(res_->domain.get(), &attr, 0, &raw_mr);
+  if (ret == -FI_ENOSYS && cuda) {
+    // Seen on the H200 with Debian's libfabric 1.17: fi_getinfo grants
+    // FI_HMEM, but the library was built without CUDA support.
+    set_error(error, Status(Code::kUnimplemented,
+                            fmt::format("fabric NIC '{}': fi_mr_regattr(FI_HMEM_CUDA, {} bytes at "
+                                        "{}, {}): not implemented: this libfabric was built "
+                                        "without CUDA support",
+                                        nic, len, ptr, device.to_string())));
+    return nullptr;
+  }
   if (ret != 0) {
     set_error(error, fi_failure(Code::kUnavailable, nic, "fi_mr_regattr", ret));
     return nullptr;

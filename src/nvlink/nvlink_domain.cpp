@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -35,7 +36,7 @@ constexpr uint32_t kMaxBatchOps = 4096;    // ops per launch
 // A batch is launched once it is this big, or when poll() runs without a
 // post since the last poll (the worker has nothing more to add right now).
 constexpr uint32_t kFlushOps = 512;
-constexpr uint64_t kFlushBytes = 8 << 20;
+constexpr uint64_t kFlushBytes = 16 << 20;
 
 std::string cuda_msg(cudaError_t e) {
   return fmt::format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
@@ -566,12 +567,31 @@ size_t NvlinkDomain::poll(std::span<core::Completion> out) {
     Done& d = done_.front();
     if (d.status.is_ok() && d.item.has_imm) {
       Peer* p = d.item.peer < peers_.size() ? peers_[d.item.peer].get() : nullptr;
-      if (p == nullptr) {
+      if (p != nullptr) {
+        // A run of immediates for one peer goes in one reservation: pages of
+        // one paged write complete together.
+        uint32_t run[64];
+        size_t k = 0;
+        const size_t max = std::min(std::size(run), out.size() - n);
+        for (auto it = done_.begin(); it != done_.end() && k < max; ++it) {
+          if (!it->status.is_ok() || !it->item.has_imm || it->item.peer != d.item.peer) break;
+          run[k++] = it->item.imm;
+        }
+        const size_t pushed = p->shm->push_imms(std::span(run, k));
+        if (pushed == 0) break;  // its mailbox is full: retry on the next poll
+        for (size_t i = 0; i < pushed; ++i) {
+          core::Completion& c = out[n++];
+          c = core::Completion{};
+          c.kind = core::Completion::Kind::kWrite;
+          c.ctx = done_.front().item.ctx;
+          done_.pop_front();
+        }
+        continue;
+      }
+      {
         d.status = Status(Code::kUnavailable, fmt::format("nvlink {}: peer removed before its "
                                                           "immediate could be delivered",
                                                           info_.name));
-      } else if (!p->shm->push_imm(d.item.imm)) {
-        break;  // its mailbox is full: retry on the next poll
       }
     }
     core::Completion& c = out[n++];

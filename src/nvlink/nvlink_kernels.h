@@ -8,13 +8,13 @@
 namespace ferry::nvlink {
 
 // One copy of the gather kernel: at most kMaxOpBytes, so one block per op
-// keeps every SM busy whatever the page size.
+// keeps every SM busy (several blocks each) whatever the page size.
 struct CopyOp {
   uint64_t src;
   uint64_t dst;
   uint64_t len;
 };
-inline constexpr uint64_t kMaxOpBytes = 64 << 10;
+inline constexpr uint64_t kMaxOpBytes = 32 << 10;
 
 // Copies ops[0..n) (ops in memory the device can read: mapped pinned host)
 // with one block per op on `stream`.

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -55,7 +56,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
   MailboxCell* cells = s->cells();
   for (uint32_t i = 0; i < kMailboxCapacity; ++i) {
     new (&cells[i]) MailboxCell{};
-    cells[i].seq.store(i, std::memory_order_relaxed);
+    cells[i].word.store(uint64_t(i) << 32, std::memory_order_relaxed);
   }
   RegionEntry* regs = s->regions();
   for (uint32_t i = 0; i < kRegionCapacity; ++i) new (&regs[i]) RegionEntry{};
@@ -109,26 +110,37 @@ ShmSegment::~ShmSegment() {
   if (owner_) ::shm_unlink(name_.c_str());
 }
 
-bool ShmSegment::push_imm(uint32_t imm) {
+namespace {
+uint32_t seq_of(uint64_t word) { return uint32_t(word >> 32); }
+}  // namespace
+
+size_t ShmSegment::push_imms(std::span<const uint32_t> imms) {
+  if (imms.empty()) return 0;
   ShmHeader& h = header();
   MailboxCell* c = cells();
   uint64_t pos = h.enqueue_pos.load(std::memory_order_relaxed);
+  size_t n = 0;
   for (;;) {
-    MailboxCell& cell = c[pos & (kMailboxCapacity - 1)];
-    const uint64_t seq = cell.seq.load(std::memory_order_acquire);
-    const int64_t dif = int64_t(seq) - int64_t(pos);
-    if (dif == 0) {
-      if (h.enqueue_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-        cell.imm = imm;
-        cell.seq.store(pos + 1, std::memory_order_release);
-        return true;
-      }
-    } else if (dif < 0) {
-      return false;  // full: the owner has not drained a lap behind
-    } else {
+    const uint64_t w = c[pos & (kMailboxCapacity - 1)].word.load(std::memory_order_acquire);
+    const int32_t dif = int32_t(seq_of(w) - uint32_t(pos));
+    if (dif < 0) return 0;  // full: the owner has not drained a lap behind
+    if (dif > 0) {
       pos = h.enqueue_pos.load(std::memory_order_relaxed);
+      continue;
     }
+    // The owner frees cells in order, so the last cell of the run being free
+    // means every cell before it is.
+    n = std::min<size_t>(imms.size(), kMailboxCapacity);
+    const uint64_t last = pos + n - 1;
+    if (n > 1 && seq_of(c[last & (kMailboxCapacity - 1)].word.load(std::memory_order_acquire)) !=
+                     uint32_t(last))
+      n = 1;
+    if (h.enqueue_pos.compare_exchange_weak(pos, pos + n, std::memory_order_relaxed)) break;
   }
+  for (size_t i = 0; i < n; ++i)
+    c[(pos + i) & (kMailboxCapacity - 1)].word.store(uint64_t(uint32_t(pos + i + 1)) << 32 | imms[i],
+                                                      std::memory_order_release);
+  return n;
 }
 
 size_t ShmSegment::pop_imms(std::span<uint32_t> out) {
@@ -138,9 +150,10 @@ size_t ShmSegment::pop_imms(std::span<uint32_t> out) {
   while (n < out.size()) {
     const uint64_t pos = h.dequeue_pos;
     MailboxCell& cell = c[pos & (kMailboxCapacity - 1)];
-    if (cell.seq.load(std::memory_order_acquire) != pos + 1) break;
-    out[n++] = cell.imm;
-    cell.seq.store(pos + kMailboxCapacity, std::memory_order_release);
+    const uint64_t w = cell.word.load(std::memory_order_acquire);
+    if (seq_of(w) != uint32_t(pos + 1)) break;
+    out[n++] = uint32_t(w);
+    cell.word.store(uint64_t(uint32_t(pos + kMailboxCapacity)) << 32, std::memory_order_release);
     h.dequeue_pos = pos + 1;
   }
   return n;

@@ -28,10 +28,11 @@ inline constexpr size_t kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
 // Atomics in the segment must be address-free to work across processes.
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
+// One word per cell: (32-bit Vyukov sequence << 32) | immediate, so eight
+// cells share a cache line and a batch of pushes costs one line transfer per
+// eight immediates instead of one per immediate.
 struct MailboxCell {
-  std::atomic<uint64_t> seq;  // Vyukov sequence: pos = free for producer pos, pos+1 = full
-  uint32_t imm;
-  uint32_t pad;
+  std::atomic<uint64_t> word;
 };
 
 struct RegionEntry {
@@ -83,7 +84,10 @@ class ShmSegment {
   const std::string& name() const { return name_; }
 
   // Any process: false when the ring is full (back-pressure; retry later).
-  bool push_imm(uint32_t imm);
+  bool push_imm(uint32_t imm) { return push_imms(std::span(&imm, 1)) == 1; }
+  // Any process: pushes a prefix of `imms` with one reservation; returns its
+  // length (0 when the ring is full).
+  size_t push_imms(std::span<const uint32_t> imms);
   // Owner only: up to out.size() immediates in push order.
   size_t pop_imms(std::span<uint32_t> out);
 

@@ -1,0 +1,169 @@
+// ferry-nvlink-bench: the NVLink domain on a GPU pair against
+// cudaMemcpyPeerAsync measured in the same run (docs/PERFORMANCE.md,
+// "NVLink domain"). Writer on GPU 0, target on GPU 1, two processes.
+//   ferry-nvlink-bench [--out FILE]
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include "nvlink_pair.h"
+
+namespace ferry {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr size_t kTargetLen = 320ull << 20;
+
+double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+bool wait_count(std::atomic<uint64_t>& done, uint64_t n) {
+  auto give_up = Clock::now() + 60s;
+  while (done.load(std::memory_order_acquire) < n)
+    if (Clock::now() > give_up) return false;
+  return true;
+}
+
+int writer(test::Channel& link, test::Channel& parent) {
+  auto say = [&](const std::string& s) { parent.send(s); };
+  const int dev = 0, peer_dev = 1;
+  cudaSetDevice(dev);
+  TransferEngine e(nvtest::gpu_config("nvlink", dev, /*busy=*/true));
+  nvtest::DevBuf src(dev, kTargetLen);
+  cudaMemset(src.p, 1, kTargetLen);
+  auto [sh, sdesc] = e.reg_mr(src.p, kTargetLen, Device::cuda(dev));
+  const MrDesc dst = MrDesc::from_bytes(*link.recv(60s));
+
+  // Baseline: cudaMemcpyPeerAsync GPU0 -> GPU1 into a buffer of this process.
+  nvtest::DevBuf peer_buf(peer_dev, kTargetLen);
+  cudaSetDevice(dev);
+  // Without peer access cudaMemcpyPeerAsync stages through the host (36 GB/s).
+  cudaDeviceEnablePeerAccess(peer_dev, 0);
+  cudaGetLastError();
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  std::atomic<uint64_t> done{0}, errors{0};
+  for (uint64_t len : {16ull << 20, 256ull << 20}) {
+    const int iters = len >= (256ull << 20) ? 8 : 64;
+    cudaMemcpyPeerAsync(peer_buf.p, peer_dev, src.p, dev, len, s);  // warm
+    cudaStreamSynchronize(s);
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) cudaMemcpyPeerAsync(peer_buf.p, peer_dev, src.p, dev, len, s);
+    cudaStreamSynchronize(s);
+    const double base = double(len) * iters / secs(Clock::now() - t0) / 1e9;
+    // ferry: back-to-back single writes, done = data in place (event completed).
+    done = 0;
+    e.submit_single_write(len, std::nullopt, sh, 0, dst, 0, OnDone::counter(done, &errors));
+    wait_count(done, 1);
+    done = 0;
+    t0 = Clock::now();
+    for (int i = 0; i < iters; ++i)
+      e.submit_single_write(len, 7, sh, 0, dst, 0, OnDone::counter(done, &errors));
+    wait_count(done, iters);
+    const double ferry = double(len) * iters / secs(Clock::now() - t0) / 1e9;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "single %4llu MiB x %2d: ferry nvlink %6.1f GB/s, cudaMemcpyPeerAsync %6.1f GB/s "
+                  "(%.1f %%)",
+                  (unsigned long long)(len >> 20), iters, ferry, base, 100.0 * ferry / base);
+    say(line);
+  }
+  cudaStreamDestroy(s);
+
+  std::mt19937_64 rng(1);
+  for (uint64_t page : {64ull << 10, 4ull << 10, 256ull << 10}) {
+    const uint32_t slots = uint32_t(std::min<uint64_t>(kTargetLen / page, 16384));
+    const int iters = page >= (64 << 10) ? 20 : 100;
+    std::vector<Pages> sps, dps;
+    for (int i = 0; i < iters; ++i) {
+      std::vector<uint32_t> all(slots);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      Pages sp, dp;
+      sp.stride = dp.stride = page;
+      dp.indices.assign(all.begin(), all.begin() + 1024);
+      std::shuffle(all.begin(), all.end(), rng);
+      sp.indices.assign(all.begin(), all.begin() + 1024);
+      sps.push_back(sp);
+      dps.push_back(dp);
+    }
+    done = 0;
+    e.submit_paged_writes(page, 9, sh, sps[0], dst, dps[0], OnDone::counter(done, &errors));
+    wait_count(done, 1);
+    done = 0;
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i)
+      e.submit_paged_writes(page, 9, sh, sps[i], dst, dps[i], OnDone::counter(done, &errors));
+    wait_count(done, iters);
+    const double gbs = double(page) * 1024 * iters / secs(Clock::now() - t0) / 1e9;
+    char line[256];
+    std::snprintf(line, sizeof line, "paged 1024 x %3llu KiB x %3d: ferry nvlink %6.1f GB/s",
+                  (unsigned long long)(page >> 10), iters, gbs);
+    say(line);
+  }
+
+  // Immediate latency: 4 KiB write with imm, the target answers with one; RTT / 2.
+  link.send("desc " + sdesc.to_hex());
+  link.recv_str(10s);
+  constexpr int kPings = 2000;
+  link.send("pong 21 22 " + std::to_string(kPings) + " 4096");
+  link.recv_str(10s);
+  ImmCounter back = e.imm_counter(22);
+  std::vector<double> us;
+  for (int i = 0; i < kPings; ++i) {
+    auto t0 = Clock::now();
+    e.submit_single_write(4096, 21, sh, 0, dst, 0, OnDone::none());
+    auto give_up = t0 + 10s;
+    while (!back.try_consume(1))
+      if (Clock::now() > give_up) {
+        say("FAIL: pong lost");
+        return 1;
+      }
+    us.push_back(secs(Clock::now() - t0) * 1e6 / 2);
+  }
+  link.recv_str(10s);
+  std::sort(us.begin() + 100, us.end());  // first 100: warm-up, not counted
+  auto pct = [&](double q) { return us[100 + size_t(q * (us.size() - 101))]; };
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "imm latency (4 KiB write + imm, counter reached in the other process, RTT/2 of %d): "
+                "p50 %.2f us, p90 %.2f us, p99 %.2f us",
+                kPings - 100, pct(0.5), pct(0.9), pct(0.99));
+  say(line);
+  if (errors.load() != 0) say("FAIL: " + std::to_string(errors.load()) + " transfers failed");
+  link.send("quit");
+  link.recv_str(10s);
+  say("END");
+  return errors.load() == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  std::string out;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--out") out = argv[i + 1];
+  if (ferry::nvtest::gpu_count() < 2) {
+    std::printf("ferry-nvlink-bench: needs two GPUs\n");
+    return 2;
+  }
+  std::vector<std::string> report;
+  auto [ra, rb] = ferry::nvtest::run_pair(
+      ferry::writer,
+      [](ferry::test::Channel& link) {
+        return ferry::nvtest::serve_gpu_target(link, ferry::nvtest::gpu_config("nvlink", 1, true), 1,
+                                               ferry::kTargetLen);
+      },
+      &report);
+  if (!out.empty()) {
+    std::ofstream f(out);
+    for (auto& l : report) f << l << "\n";
+    f << "writer exit " << ra << ", target exit " << rb << "\n";
+  }
+  std::printf("writer exit %d, target exit %d\n", ra, rb);
+  return ra == 0 && rb == 0 ? 0 : 1;
+}

@@ -1,0 +1,240 @@
+// GPU-to-GPU transfers between two processes, byte-for-byte on the device:
+// the NVLink domain ("nvlink") and libfabric shm with FI_HMEM ("shm"), writer
+// on GPU 0, target on GPU 1 (both on GPU 0 where there is only one).
+// SKIPPED without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <numeric>
+#include <random>
+
+#include "nvlink/nvlink_domain.h"
+#include "nvlink_pair.h"
+
+namespace ferry {
+namespace {
+
+using nvtest::Seg;
+using namespace std::chrono_literals;
+
+constexpr size_t kTargetLen = 32 << 20;
+constexpr size_t kSrcLen = 16 << 20;
+
+// Inside the writer child: failures become report lines and an exit code.
+struct Writer {
+  test::Channel& b;
+  test::Channel& parent;
+  int failures = 0;
+  void say(const std::string& s) { parent.send(s); }
+  void fail(const std::string& s) {
+    ++failures;
+    say("FAIL: " + s);
+  }
+  std::string ask(const std::string& cmd) {
+    b.send(cmd);
+    auto r = b.recv_str(60s);
+    return r ? *r : "no answer";
+  }
+};
+
+bool wait_flag(std::atomic<bool>& done) {
+  auto give_up = std::chrono::steady_clock::now() + 30s;
+  while (!done.load())
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    else std::this_thread::sleep_for(50us);
+  return true;
+}
+
+int writer_main(const std::string& provider, int dev, test::Channel& link, test::Channel& parent) {
+  Writer w{link, parent};
+  cudaSetDevice(dev);
+  TransferEngine e(nvtest::gpu_config(provider, dev));
+  nvtest::DevBuf src(dev, kSrcLen);
+  if (src.p == nullptr) {
+    w.fail("cudaMalloc");
+    return 1;
+  }
+  auto braw = link.recv(60s);
+  if (!braw) {
+    w.fail("no descriptor from the target");
+    return 1;
+  }
+  if (nvtest::str(*braw).starts_with("SKIP")) {
+    w.say(nvtest::str(*braw));
+    w.say("END");
+    return 0;
+  }
+  const MrDesc dst = MrDesc::from_bytes(*braw);
+  MrHandle sh;
+  try {
+    sh = e.reg_mr(src.p, kSrcLen, Device::cuda(dev)).first;
+  } catch (const Error& err) {
+    if (err.code() != Code::kUnimplemented) throw;
+    w.say(std::string("SKIP: ") + err.what());
+    w.ask("quit");
+    w.say("END");
+    return 0;
+  }
+
+  // --- registration checks: host memory as GPU memory and the reverse.
+  {
+    std::vector<uint8_t> host(1 << 20);
+    try {
+      e.reg_mr(host.data(), host.size(), Device::cuda(dev));
+      w.fail("host memory registered as cuda: accepted");
+    } catch (const Error& err) {
+      const std::string msg = err.what();
+      if (err.code() != Code::kInvalidArgument || msg.find("host memory") == std::string::npos)
+        w.fail("host as cuda: wrong error: " + msg);
+      else
+        w.say("[ reg ] host memory as " + Device::cuda(dev).to_string() + ": " + msg);
+    }
+    try {
+      e.reg_mr(src.p, 4096, Device::host());
+      w.fail("GPU memory registered as host: accepted");
+    } catch (const Error& err) {
+      if (err.code() != Code::kInvalidArgument) w.fail(std::string("GPU as host: ") + err.what());
+      else w.say(std::string("[ reg ] GPU memory as host: ") + err.what());
+    }
+    try {
+      e.submit_single_write(4096, 1, sh, 0, dst, dst.len - 100, OnDone::none());
+      w.fail("write past the end: accepted");
+    } catch (const Error& err) {
+      w.say(std::string("[ reg ] write past the end: ") + err.what());
+    }
+  }
+
+  std::mt19937_64 rng(provider == "nvlink" ? 7 : 11);
+  auto rnd = [&](uint64_t lo, uint64_t hi) { return std::uniform_int_distribution<uint64_t>(lo, hi)(rng); };
+  std::vector<uint8_t> host_src(kSrcLen);
+  uint64_t total_imms = 0, total_bytes = 0;
+  const int kRounds = 24;
+  for (int r = 0; r < kRounds; ++r) {
+    const uint64_t seed = rng();
+    test::fill_pattern(host_src.data(), kSrcLen, seed);
+    cudaMemcpy(src.p, host_src.data(), kSrcLen, cudaMemcpyHostToDevice);
+    if (w.ask("zero") != "ok") w.fail("zero");
+    const uint32_t imm = 1000 + r;
+    w.ask("counter " + std::to_string(imm));
+    std::vector<Seg> segs;
+    uint64_t expect = 0;
+    std::atomic<bool> done{false}, failed{false};
+    const int kind = r % 4;
+    std::string what;
+    if (kind == 0) {
+      // Single write: small (gather kernel) or >= 4 MiB (copy engines), any alignment.
+      const uint64_t len = r % 8 == 0 ? rnd(4 << 20, 12 << 20) : rnd(1, 3 << 20);
+      const uint64_t so = rnd(0, kSrcLen - len), doff = rnd(0, kTargetLen - len);
+      e.submit_single_write(len, imm, sh, so, dst, doff, OnDone::flag(done, &failed));
+      segs.push_back({doff, len, seed, so});
+      expect = ImmPlan::single_write(len, WriteRoute{}, 1);
+      what = "single " + std::to_string(len) + " B";
+    } else if (kind == 1) {
+      static const uint64_t kPages[] = {4096, 65536, 3000, 12345, 256 << 10};
+      const uint64_t page = kPages[rnd(0, 4)];
+      const uint64_t slots = kTargetLen / page, src_slots = kSrcLen / page;
+      const size_t n = std::min<uint64_t>(rnd(1, 1024), slots);
+      std::vector<uint32_t> all(slots);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      Pages sp, dp;
+      sp.stride = dp.stride = page;
+      for (size_t i = 0; i < n; ++i) {
+        dp.indices.push_back(all[i]);
+        sp.indices.push_back(uint32_t(rnd(0, src_slots - 1)));
+        segs.push_back({all[i] * page, page, seed, sp.indices.back() * page});
+      }
+      e.submit_paged_writes(page, imm, sh, std::move(sp), dst, std::move(dp), OnDone::flag(done, &failed));
+      expect = ImmPlan::paged_writes(n);
+      what = "paged " + std::to_string(n) + " x " + std::to_string(page) + " B";
+    } else if (kind == 2) {
+      std::vector<ScatterDst> dsts;
+      for (int t = 0; t < 3; ++t) {
+        const uint64_t len = rnd(1, 2 << 20), so = rnd(0, kSrcLen - len);
+        const uint64_t doff = uint64_t(t) * (8 << 20) + rnd(0, 4 << 20);
+        dsts.push_back({len, so, dst, doff});
+        segs.push_back({doff, len, seed, so});
+        expect += ImmPlan::scatter_target(len, GroupRoute{}, 1);
+      }
+      auto g = e.add_peer_group(std::vector<MrDesc>{dst, dst, dst});
+      e.submit_scatter(g, OnDone::flag(done, &failed), imm, sh, std::move(dsts));
+      what = "scatter 3 targets";
+    } else {
+      auto g = e.add_peer_group(std::vector<MrDesc>{dst, dst});
+      e.submit_barrier(g, OnDone::flag(done, &failed), imm, {dst, dst});
+      std::atomic<bool> d2{false}, f2{false};
+      e.submit_imm(imm, dst, OnDone::flag(d2, &f2));
+      if (!wait_flag(d2) || f2.load()) w.fail("submit_imm failed");
+      expect = 2 * ImmPlan::barrier_target() + ImmPlan::imm();
+      what = "barrier x2 + imm";
+    }
+    if (!wait_flag(done) || failed.load()) w.fail("round " + std::to_string(r) + " (" + what + "): transfer failed");
+    const std::string c = w.ask("count " + std::to_string(imm) + " " + std::to_string(expect));
+    if (c != "ok 0") w.fail("round " + std::to_string(r) + " (" + what + "): immediates: " + c);
+    link.send("verify");
+    std::vector<uint8_t> raw(segs.size() * sizeof(Seg));
+    std::memcpy(raw.data(), segs.data(), raw.size());
+    link.send(raw);
+    auto v = link.recv_str(120s);
+    if (!v || *v != "ok") w.fail("round " + std::to_string(r) + " (" + what + "): " + (v ? *v : "no answer"));
+    total_imms += expect;
+    for (auto& s : segs) total_bytes += s.len;
+  }
+  w.say("[ " + provider + " ] " + std::to_string(kRounds) + " rounds, " + std::to_string(total_bytes) +
+        " bytes verified on cuda:" + std::to_string(dst.device.ordinal) + ", " +
+        std::to_string(total_imms) + " immediates counted exactly");
+
+  if (provider == "nvlink") {
+    // A descriptor of another host: same bytes, another boot id.
+    MrDesc other = dst;
+    std::vector<uint8_t> raw(other.nics[0].addr.raw().begin(), other.nics[0].addr.raw().end());
+    raw[8] ^= 0xff;
+    other.nics[0].addr = NetAddr(Transport::kNvlink, other.nics[0].addr.incarnation() ^ 1, raw);
+    Status got;
+    std::atomic<bool> done{false};
+    try {
+      e.submit_single_write(4096, 5, sh, 0, other, 0, [&](const Status& s) {
+        got = s;
+        done = true;
+      });
+      wait_flag(done);
+      if (got.code() != Code::kInvalidArgument) w.fail("foreign host: " + got.message());
+      else w.say("[ nvlink ] descriptor of another host: " + got.message());
+    } catch (const Error& err) {
+      if (err.code() != Code::kInvalidArgument) w.fail(std::string("foreign host: ") + err.what());
+      else w.say(std::string("[ nvlink ] descriptor of another host: ") + err.what());
+    }
+  }
+  w.ask("quit");
+  w.say("END");
+  return w.failures == 0 ? 0 : 1;
+}
+
+class GpuPair : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuPair, RandomWritesVerifiedOnTheDeviceImmediatesExact) {
+  const int gpus = nvtest::gpu_count();
+  if (gpus == 0) GTEST_SKIP() << "no CUDA GPU";
+  const std::string provider = GetParam();
+  const int dev_a = 0, dev_b = gpus > 1 ? 1 : 0;
+  std::vector<std::string> report;
+  auto [ra, rb] = nvtest::run_pair(
+      [&](test::Channel& link, test::Channel& parent) {
+        return writer_main(provider, dev_a, link, parent);
+      },
+      [&](test::Channel& link) {
+        return nvtest::serve_gpu_target(link, nvtest::gpu_config(provider, dev_b), dev_b, kTargetLen);
+      },
+      &report);
+  for (const auto& line : report)
+    if (line.starts_with("SKIP")) GTEST_SKIP() << line;
+  EXPECT_EQ(ra, 0) << "writer (cuda:" << dev_a << ")";
+  EXPECT_EQ(rb, 0) << "target (cuda:" << dev_b << ")";
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, GpuPair, ::testing::Values("nvlink", "shm"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace ferry
