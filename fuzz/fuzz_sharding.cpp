@@ -36,7 +36,9 @@ __extension__ typedef unsigned __int128 u128;
 
 namespace {
 
-uint64_t div_up(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+uint64_t div_up(uint64_t a, uint64_t b) {
+  return a / b + (a % b != 0);
+}
 
 // Every byte of [0, len) exactly once, in order, no empty piece unless len == 0.
 void check_split(const Split& s, uint64_t len, uint32_t max_pieces, uint64_t min_piece) {
@@ -83,10 +85,14 @@ void check_distinct_nics(const ShardPlan& p, uint32_t nics) {
 
 uint64_t consume_len(FuzzedDataProvider& fdp) {
   switch (fdp.ConsumeIntegralInRange<int>(0, 3)) {
-    case 0: return fdp.ConsumeIntegralInRange<uint64_t>(0, 4 * kPieceAlign);
-    case 1: return fdp.ConsumeIntegralInRange<uint64_t>(0, 64ull << 20);
-    case 2: return UINT64_MAX - fdp.ConsumeIntegralInRange<uint64_t>(0, 1 << 20);
-    default: return fdp.ConsumeIntegral<uint64_t>();
+    case 0:
+      return fdp.ConsumeIntegralInRange<uint64_t>(0, 4 * kPieceAlign);
+    case 1:
+      return fdp.ConsumeIntegralInRange<uint64_t>(0, 64ull << 20);
+    case 2:
+      return UINT64_MAX - fdp.ConsumeIntegralInRange<uint64_t>(0, 1 << 20);
+    default:
+      return fdp.ConsumeIntegral<uint64_t>();
   }
 }
 
@@ -108,8 +114,12 @@ void fuzz_single(FuzzedDataProvider& fdp, uint32_t nics) {
       route = WriteRoute::split(max_shards, min_piece);
       break;
     }
-    case 1: route = WriteRoute::pinned(fdp.ConsumeIntegralInRange<uint8_t>(0, nics - 1)); break;
-    default: route = WriteRoute::round_robin(); break;
+    case 1:
+      route = WriteRoute::pinned(fdp.ConsumeIntegralInRange<uint8_t>(0, nics - 1));
+      break;
+    default:
+      route = WriteRoute::round_robin();
+      break;
   }
   ShardPlan p = plan_single(len, route, nics, rr);
   check_split(p.split, len, route.kind == WriteRoute::Kind::kSplit ? nics : 1, route.min_piece);
@@ -215,8 +225,7 @@ void fuzz_split(FuzzedDataProvider& fdp) {
                                          : fdp.ConsumeIntegral<uint64_t>();
   Split s = split_bytes(len, max_pieces, min_piece);
   check_split(s, len, max_pieces, min_piece);
-  if (len > 0 && max_pieces > 1)
-    FUZZ_CHECK(s.count == div_up(len, s.base));
+  if (len > 0 && max_pieces > 1) FUZZ_CHECK(s.count == div_up(len, s.base));
 }
 
 }  // namespace
@@ -228,10 +237,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static constexpr uint32_t kNics[] = {1, 2, 4};  // what Worker::open_nics accepts
     uint32_t nics = kNics[fdp.ConsumeIntegralInRange<int>(0, 2)];
     switch (fdp.ConsumeIntegralInRange<int>(0, 3)) {
-      case 0: fuzz_single(fdp, nics); break;
-      case 1: fuzz_runs(fdp, nics); break;
-      case 2: fuzz_scatter(fdp, nics); break;
-      default: fuzz_split(fdp); break;
+      case 0:
+        fuzz_single(fdp, nics);
+        break;
+      case 1:
+        fuzz_runs(fdp, nics);
+        break;
+      case 2:
+        fuzz_scatter(fdp, nics);
+        break;
+      default:
+        fuzz_split(fdp);
+        break;
     }
   }
   return 0;

@@ -156,8 +156,8 @@ void drive_machine(FuzzedDataProvider& fdp) {
         m.src_epoch = fdp.ConsumeIntegralInRange<uint32_t>(1, 3);
         if (fdp.ConsumeBool()) {
           m.flags |= HandshakeMsg::kFlagAck;
-          m.dst_incarnation = fdp.ConsumeBool() ? local.incarnation
-                                                : fdp.ConsumeIntegralInRange<uint64_t>(1, 4);
+          m.dst_incarnation =
+              fdp.ConsumeBool() ? local.incarnation : fdp.ConsumeIntegralInRange<uint64_t>(1, 4);
           m.dst_epoch = fdp.ConsumeIntegralInRange<uint32_t>(1, next_epoch);
           if (fdp.ConsumeBool()) m.flags |= HandshakeMsg::kFlagConnected;
         }
@@ -194,8 +194,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   std::span<const uint8_t> rest(data + 1, size - 1);
   switch (data[0] % 3) {
-    case 0: check_ud(rest); break;
-    case 1: check_msg(rest); break;
+    case 0:
+      check_ud(rest);
+      break;
+    case 1:
+      check_msg(rest);
+      break;
     default: {
       FuzzedDataProvider fdp(rest.data(), rest.size());
       drive_machine(fdp);

@@ -21,7 +21,8 @@ namespace {
 
 void put(const fs::path& dir, const std::string& name, const std::vector<uint8_t>& b) {
   fs::create_directories(dir);
-  std::ofstream(dir / name, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), b.size());
+  std::ofstream(dir / name, std::ios::binary)
+      .write(reinterpret_cast<const char*>(b.data()), b.size());
 }
 void put(const fs::path& dir, const std::string& name, const std::string& s) {
   put(dir, name, std::vector<uint8_t>(s.begin(), s.end()));
@@ -97,7 +98,8 @@ int main(int argc, char** argv) {
       return v;
     };
     UdAddress ud;
-    for (size_t i = 0; i < ud.gid.size(); ++i) ud.gid[i] = uint8_t(i == 0 ? 0xfe : i == 1 ? 0x80 : i);
+    for (size_t i = 0; i < ud.gid.size(); ++i)
+      ud.gid[i] = uint8_t(i == 0 ? 0xfe : i == 1 ? 0x80 : i);
     ud.lid = 3;
     ud.qpn = 0x1a2b;
     ud.qkey = 0x11111111;

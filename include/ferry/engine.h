@@ -103,7 +103,7 @@ class TransferEngine {
   TransferEngine& operator=(const TransferEngine&) = delete;
 
   // --- identity -----------------------------------------------------------
-  NetAddr main_address() const;                   // NIC 0 of group 0
+  NetAddr main_address() const;                            // NIC 0 of group 0
   std::vector<NetAddr> addresses(size_t group = 0) const;  // every NIC of a group
   size_t num_groups() const;
   size_t nics_per_group() const;
@@ -141,8 +141,8 @@ class TransferEngine {
   PeerGroupHandle add_peer_group(const std::vector<std::vector<NetAddr>>& peers);
   PeerGroupHandle add_peer_group(const std::vector<MrDesc>& peers);
   TransferId submit_scatter(std::optional<PeerGroupHandle> group, OnDone on_done,
-                            std::optional<uint32_t> imm, MrHandle src,
-                            std::vector<ScatterDst> dsts, GroupRoute route = {});
+                            std::optional<uint32_t> imm, MrHandle src, std::vector<ScatterDst> dsts,
+                            GroupRoute route = {});
   TransferId submit_barrier(std::optional<PeerGroupHandle> group, OnDone on_done, uint32_t imm,
                             std::vector<MrDesc> dsts, GroupRoute route = {});
 

@@ -88,9 +88,9 @@ struct MrHandle {
 // needs to write into it through any of the owner's NICs.
 struct MrDesc {
   struct Nic {
-    NetAddr addr;         // the owning engine's NIC endpoint
-    uint64_t rkey = 0;    // remote key on that NIC
-    uint64_t base = 0;    // remote address of byte 0 (ptr in virtual-address mode, 0 in offset mode)
+    NetAddr addr;       // the owning engine's NIC endpoint
+    uint64_t rkey = 0;  // remote key on that NIC
+    uint64_t base = 0;  // remote address of byte 0 (ptr in virtual-address mode, 0 in offset mode)
     bool operator==(const Nic&) const = default;
   };
   static constexpr uint8_t kVersion = 1;

@@ -9,7 +9,9 @@ CallbackThread::CallbackThread(ImmTable* imms, int cpu) : imms_(imms), cpu_(cpu)
   thread_ = std::thread([this] { run(); });
 }
 
-CallbackThread::~CallbackThread() { stop(); }
+CallbackThread::~CallbackThread() {
+  stop();
+}
 
 void CallbackThread::stop() {
   if (!thread_.joinable()) return;

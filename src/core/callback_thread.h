@@ -4,8 +4,8 @@
 // propagated.
 #pragma once
 
-#include <atomic>
 #include <concurrentqueue/blockingconcurrentqueue.h>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>

@@ -23,9 +23,9 @@ namespace ferry::core {
 using PeerId = uint64_t;
 
 struct DomainInfo {
-  std::string name;       // NIC / libfabric domain name
-  std::string provider;   // "efa", "tcp;ofi_rxm", "shm", "verbs", ...
-  std::string fabric;     // libfabric fabric name
+  std::string name;      // NIC / libfabric domain name
+  std::string provider;  // "efa", "tcp;ofi_rxm", "shm", "verbs", ...
+  std::string fabric;    // libfabric fabric name
   uint64_t link_speed_bps = 0;
   uint64_t max_msg_size = 0;  // largest single write / send the NIC takes
   Transport transport = Transport::kFabric;
@@ -84,8 +84,8 @@ class Domain {
   // it in a NetAddr with the engine's incarnation.
   virtual std::span<const uint8_t> raw_address() const = 0;
 
-  virtual std::unique_ptr<DomainMr> register_mr(void* ptr, size_t len, Device device,
-                                                bool remote, Status* error) = 0;
+  virtual std::unique_ptr<DomainMr> register_mr(void* ptr, size_t len, Device device, bool remote,
+                                                Status* error) = 0;
 
   // Resolve a peer's raw address (idempotent: the same bytes give the same id).
   virtual PeerId add_peer(std::span<const uint8_t> raw, Status* error) = 0;

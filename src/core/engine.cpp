@@ -12,8 +12,8 @@
 #include "core/log.h"
 #include "core/worker.h"
 #include "cuda/watcher.h"
-#include "topo/topology.h"
 #include "ferry/engine.h"
+#include "topo/topology.h"
 
 namespace ferry {
 
@@ -86,8 +86,9 @@ void validate_against_topology(const EngineConfig& config) {
       if (node < 0)
         problems.push_back(fmt::format("worker CPU {} does not exist", g.worker_cpu));
       else if (node != tg->numa)
-        problems.push_back(fmt::format("worker CPU {} is on NUMA node {}, the group's devices on {}",
-                                       g.worker_cpu, node, tg->numa));
+        problems.push_back(
+            fmt::format("worker CPU {} is on NUMA node {}, the group's devices on {}", g.worker_cpu,
+                        node, tg->numa));
     }
     if (!known.empty()) {
       int gpu = g.device.is_host() ? -1 : g.device.ordinal;
@@ -118,7 +119,8 @@ std::vector<int> default_affinity(const GroupConfig& g) {
 EngineConfig EngineConfig::from_topology(const std::vector<int>& gpus, size_t nics_per_gpu,
                                          std::string provider) {
   const topo::Topology* t = machine_topology();
-  if (!t) throw Error(Code::kUnavailable, "EngineConfig::from_topology: no topology (sysfs unreadable)");
+  if (!t)
+    throw Error(Code::kUnavailable, "EngineConfig::from_topology: no topology (sysfs unreadable)");
   EngineConfig c;
   c.provider = std::move(provider);
   c.nics_per_group = nics_per_gpu;
@@ -126,7 +128,8 @@ EngineConfig EngineConfig::from_topology(const std::vector<int>& gpus, size_t ni
   std::vector<int> wanted = gpus.empty() ? std::vector<int>{-1} : gpus;
   for (int gpu : wanted) {
     const topo::TopologyGroup* tg = gpu < 0 ? &t->host_group() : t->group(gpu);
-    if (!tg) throw Error(Code::kNotFound, fmt::format("GPU {} is not in the detected topology", gpu));
+    if (!tg)
+      throw Error(Code::kNotFound, fmt::format("GPU {} is not in the detected topology", gpu));
     if (tg->nics.size() < nics_per_gpu)
       throw Error(Code::kFailedPrecondition,
                   fmt::format("{} has {} NICs in the topology, {} requested",
@@ -194,7 +197,8 @@ struct TransferEngine::Impl {
                               what, d.nics.size(), nics));
     for (const auto& n : d.nics) {
       if (n.addr.empty())
-        throw Error(Code::kInvalidArgument, fmt::format("{}: descriptor with an empty address", what));
+        throw Error(Code::kInvalidArgument,
+                    fmt::format("{}: descriptor with an empty address", what));
     }
   }
 
@@ -236,8 +240,9 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   for (size_t i = 0; i < config.groups.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       if (config.groups[i].device == config.groups[j].device)
-        throw Error(Code::kInvalidArgument, fmt::format("EngineConfig: groups {} and {} both serve {}",
-                                                        j, i, config.groups[i].device.to_string()));
+        throw Error(Code::kInvalidArgument,
+                    fmt::format("EngineConfig: groups {} and {} both serve {}", j, i,
+                                config.groups[i].device.to_string()));
   if (config.send_buffer_count == 0 || config.send_buffer_size == 0)
     throw Error(Code::kInvalidArgument, "EngineConfig: empty send buffer pool");
 
@@ -316,7 +321,9 @@ void TransferEngine::stop() {
   im.workers.clear();
 }
 
-NetAddr TransferEngine::main_address() const { return impl_->workers.at(0)->addresses().at(0); }
+NetAddr TransferEngine::main_address() const {
+  return impl_->workers.at(0)->addresses().at(0);
+}
 
 std::vector<NetAddr> TransferEngine::addresses(size_t group) const {
   if (group >= impl_->workers.size())
@@ -324,10 +331,18 @@ std::vector<NetAddr> TransferEngine::addresses(size_t group) const {
   return impl_->workers[group]->addresses();
 }
 
-size_t TransferEngine::num_groups() const { return impl_->workers.size(); }
-size_t TransferEngine::nics_per_group() const { return impl_->workers.at(0)->nics(); }
-std::string TransferEngine::provider() const { return impl_->shared.config.provider; }
-uint64_t TransferEngine::incarnation() const { return impl_->shared.incarnation; }
+size_t TransferEngine::num_groups() const {
+  return impl_->workers.size();
+}
+size_t TransferEngine::nics_per_group() const {
+  return impl_->workers.at(0)->nics();
+}
+std::string TransferEngine::provider() const {
+  return impl_->shared.config.provider;
+}
+uint64_t TransferEngine::incarnation() const {
+  return impl_->shared.incarnation;
+}
 
 std::vector<int> TransferEngine::worker_state_numa_nodes() const {
   std::vector<int> nodes;
@@ -376,8 +391,9 @@ void TransferEngine::unreg_mr(MrHandle handle) {
     std::unique_lock lk(im.reg_mu);
     auto it = im.regs.find(handle.id);
     if (it == im.regs.end() || it->second->ptr != handle.ptr)
-      throw Error(Code::kNotFound, fmt::format("unreg_mr: memory region {} (id {}) is not registered",
-                                               handle.ptr, handle.id));
+      throw Error(Code::kNotFound,
+                  fmt::format("unreg_mr: memory region {} (id {}) is not registered", handle.ptr,
+                              handle.id));
     reg = std::move(it->second);
     im.regs.erase(it);
   }
@@ -401,9 +417,9 @@ TransferId TransferEngine::submit_send(const NetAddr& addr, std::span<const uint
   auto give_up = Clock::now() + std::chrono::seconds(5);
   while (!im.send_free.try_dequeue(buf)) {
     if (Clock::now() > give_up)
-      throw Error(Code::kResourceExhausted,
-                  fmt::format("submit_send: all {} send buffers in flight for 5 s",
-                              im.send_pool.count));
+      throw Error(
+          Code::kResourceExhausted,
+          fmt::format("submit_send: all {} send buffers in flight for 5 s", im.send_pool.count));
     std::this_thread::yield();
   }
   if (!msg.empty()) std::memcpy(im.send_pool.buffer(buf), msg.data(), msg.size());
@@ -446,32 +462,33 @@ void TransferEngine::submit_recvs(size_t len, size_t count, RecvCallback on_recv
 // -------------------------------------------------------------- one-sided
 
 TransferId TransferEngine::submit_single_write(uint64_t len, std::optional<uint32_t> imm,
-                                               MrHandle src, uint64_t src_offset,
-                                               const MrDesc& dst, uint64_t dst_offset,
-                                               OnDone on_done, WriteRoute route) {
+                                               MrHandle src, uint64_t src_offset, const MrDesc& dst,
+                                               uint64_t dst_offset, OnDone on_done,
+                                               WriteRoute route) {
   auto& im = *impl_;
   im.check_running();
   RegRef reg = im.lookup(src, "submit_single_write");
   auto& w = *im.workers[reg->group];
   im.check_desc(dst, w.nics(), "submit_single_write");
   if (!fits(src_offset, len, reg->len))
-    throw Error(Code::kOutOfRange,
-                fmt::format("submit_single_write: source [{}, +{}) is outside the region of {} bytes",
-                            src_offset, len, reg->len));
+    throw Error(
+        Code::kOutOfRange,
+        fmt::format("submit_single_write: source [{}, +{}) is outside the region of {} bytes",
+                    src_offset, len, reg->len));
   if (!fits(dst_offset, len, dst.len))
     throw Error(Code::kOutOfRange,
                 fmt::format("submit_single_write: destination [{}, +{}) is outside the remote "
                             "region of {} bytes",
                             dst_offset, len, dst.len));
   if (route.kind == WriteRoute::Kind::kPinned && route.nic >= w.nics())
-    throw Error(Code::kInvalidArgument, fmt::format("submit_single_write: pinned NIC {} of {}",
-                                                    route.nic, w.nics()));
-  if (route.max_shards > w.nics())
     throw Error(Code::kInvalidArgument,
-                fmt::format("submit_single_write: {} shards over {} NICs", route.max_shards, w.nics()));
+                fmt::format("submit_single_write: pinned NIC {} of {}", route.nic, w.nics()));
+  if (route.max_shards > w.nics())
+    throw Error(Code::kInvalidArgument, fmt::format("submit_single_write: {} shards over {} NICs",
+                                                    route.max_shards, w.nics()));
   return im.submit(w, std::move(on_done),
-                   core::SingleReq{std::move(reg), src_offset, len, core::DstRef::of(dst), dst_offset,
-                                   imm, route});
+                   core::SingleReq{std::move(reg), src_offset, len, core::DstRef::of(dst),
+                                   dst_offset, imm, route});
 }
 
 TransferId TransferEngine::submit_paged_writes(uint64_t page_len, std::optional<uint32_t> imm,
@@ -571,7 +588,8 @@ TransferId TransferEngine::submit_scatter(std::optional<PeerGroupHandle> group, 
   if (route.kind == GroupRoute::Kind::kPinned && route.nic >= w.nics())
     throw Error(Code::kInvalidArgument,
                 fmt::format("submit_scatter: pinned NIC {} of {}", route.nic, w.nics()));
-  if (dsts.size() > UINT32_MAX) throw Error(Code::kInvalidArgument, "submit_scatter: too many targets");
+  if (dsts.size() > UINT32_MAX)
+    throw Error(Code::kInvalidArgument, "submit_scatter: too many targets");
   for (size_t i = 0; i < dsts.size(); ++i) {
     const auto& t = dsts[i];
     im.check_desc(t.dst, w.nics(), "submit_scatter");
@@ -611,7 +629,9 @@ void TransferEngine::expect_imm_count(uint32_t imm, uint32_t count, ImmCountCall
   impl_->imms->expect(imm, count, std::move(cb));
 }
 
-ImmCounter TransferEngine::imm_counter(uint32_t imm) { return impl_->imms->counter(imm); }
+ImmCounter TransferEngine::imm_counter(uint32_t imm) {
+  return impl_->imms->counter(imm);
+}
 
 void TransferEngine::remove_imm_count(uint32_t imm) {
   if (!impl_->imms->remove(imm))

@@ -6,7 +6,9 @@
 
 namespace ferry {
 
-int64_t ImmCounter::value() const { return s_ ? s_->value.load(std::memory_order_acquire) : 0; }
+int64_t ImmCounter::value() const {
+  return s_ ? s_->value.load(std::memory_order_acquire) : 0;
+}
 
 bool ImmCounter::try_consume(int64_t n) {
   if (!s_) return false;
@@ -39,9 +41,9 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout) {
   lk.unlock();
   s_->waiters.fetch_sub(1, std::memory_order_seq_cst);
   if (!ok)
-    return Status(Code::kDeadlineExceeded,
-                  "ImmCounter::wait: " + std::to_string(n) + " arrivals not reached (have " +
-                      std::to_string(value()) + ")");
+    return Status(Code::kDeadlineExceeded, "ImmCounter::wait: " + std::to_string(n) +
+                                               " arrivals not reached (have " +
+                                               std::to_string(value()) + ")");
   return {};
 }
 
@@ -110,9 +112,8 @@ void ImmTable::on_arrival(uint32_t imm) {
       // Two workers can reach generations k and k+1 and store out of order: a
       // wrap-safe max keeps the flag from going backwards.
       uint32_t cur = f.load(std::memory_order_relaxed);
-      while (int32_t(gen - cur) > 0 &&
-             !f.compare_exchange_weak(cur, gen, std::memory_order_release,
-                                      std::memory_order_relaxed)) {
+      while (int32_t(gen - cur) > 0 && !f.compare_exchange_weak(cur, gen, std::memory_order_release,
+                                                                std::memory_order_relaxed)) {
       }
     }
     return;

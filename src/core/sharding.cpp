@@ -7,7 +7,9 @@
 namespace ferry::core {
 
 namespace {
-uint64_t div_up(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+uint64_t div_up(uint64_t a, uint64_t b) {
+  return a / b + (a % b != 0);
+}
 }  // namespace
 
 Split split_bytes(uint64_t len, uint32_t max_pieces, uint64_t min_piece) {
@@ -17,7 +19,8 @@ Split split_bytes(uint64_t len, uint32_t max_pieces, uint64_t min_piece) {
     s.count = 1;
     return s;
   }
-  uint64_t want = std::clamp<uint64_t>(div_up(len, std::max<uint64_t>(min_piece, 1)), 1, max_pieces);
+  uint64_t want =
+      std::clamp<uint64_t>(div_up(len, std::max<uint64_t>(min_piece, 1)), 1, max_pieces);
   uint64_t base = div_up(len, want);
   if (want > 1) base = div_up(base, kPieceAlign) * kPieceAlign;
   // Aligning may leave trailing pieces empty: recount so none is.

@@ -47,9 +47,9 @@ std::string Device::to_string() const {
 
 NetAddr::NetAddr(Transport t, uint64_t incarnation, std::span<const uint8_t> raw) {
   if (raw.empty() || raw.size() > kMaxRawSize)
-    throw Error(Code::kInvalidArgument,
-                fmt::format("NetAddr: raw address of {} bytes (1..{} allowed)", raw.size(),
-                            kMaxRawSize));
+    throw Error(
+        Code::kInvalidArgument,
+        fmt::format("NetAddr: raw address of {} bytes (1..{} allowed)", raw.size(), kMaxRawSize));
   std::vector<uint8_t> b;
   b.reserve(kHeaderSize + raw.size());
   core::ByteWriter w(b);
@@ -69,9 +69,9 @@ NetAddr NetAddr::from_bytes(std::span<const uint8_t> bytes) {
   core::ByteReader r(bytes, "NetAddr");
   auto version = r.get<uint8_t>();
   if (version != kVersion)
-    throw Error(Code::kInvalidArgument,
-                fmt::format("NetAddr: unsupported version {} (this build reads {})", version,
-                            kVersion));
+    throw Error(
+        Code::kInvalidArgument,
+        fmt::format("NetAddr: unsupported version {} (this build reads {})", version, kVersion));
   auto t = r.get<uint8_t>();
   if (t < uint8_t(Transport::kFabric) || t > uint8_t(Transport::kNvlink))
     throw Error(Code::kInvalidArgument, fmt::format("NetAddr: unknown transport {}", t));
@@ -87,7 +87,9 @@ NetAddr NetAddr::from_hex(std::string_view hex) {
   return from_bytes(b);
 }
 
-std::string NetAddr::to_hex() const { return core::to_hex(bytes()); }
+std::string NetAddr::to_hex() const {
+  return core::to_hex(bytes());
+}
 
 Transport NetAddr::transport() const {
   auto b = bytes();
@@ -117,8 +119,6 @@ std::string NetAddr::brief() const {
                      uint32_t(incarnation()));
 }
 
-
-
 // ----------------------------------------------------------------- MrDesc
 
 namespace {
@@ -147,9 +147,9 @@ MrDesc MrDesc::from_bytes(std::span<const uint8_t> bytes) {
   core::ByteReader r(bytes, "MrDesc");
   auto version = r.get<uint8_t>();
   if (version != kVersion)
-    throw Error(Code::kInvalidArgument,
-                fmt::format("MrDesc: unsupported version {} (this build reads {})", version,
-                            kVersion));
+    throw Error(
+        Code::kInvalidArgument,
+        fmt::format("MrDesc: unsupported version {} (this build reads {})", version, kVersion));
   MrDesc d;
   d.ptr = r.get<uint64_t>();
   d.len = r.get<uint64_t>();
@@ -158,8 +158,7 @@ MrDesc MrDesc::from_bytes(std::span<const uint8_t> bytes) {
     throw Error(Code::kInvalidArgument, fmt::format("MrDesc: unknown device kind {}", kind));
   d.device.kind = static_cast<Device::Kind>(kind);
   d.device.ordinal = r.get<int32_t>();
-  if (d.device.ordinal < 0)
-    throw Error(Code::kInvalidArgument, "MrDesc: negative device ordinal");
+  if (d.device.ordinal < 0) throw Error(Code::kInvalidArgument, "MrDesc: negative device ordinal");
   auto n = r.get<uint8_t>();
   if (n == 0 || n > kMaxDescNics)
     throw Error(Code::kInvalidArgument,
@@ -179,7 +178,9 @@ MrDesc MrDesc::from_bytes(std::span<const uint8_t> bytes) {
   return d;
 }
 
-std::string MrDesc::to_hex() const { return core::to_hex(to_bytes()); }
+std::string MrDesc::to_hex() const {
+  return core::to_hex(to_bytes());
+}
 
 MrDesc MrDesc::from_hex(std::string_view hex) {
   auto b = core::from_hex(hex, "MrDesc");

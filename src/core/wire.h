@@ -19,7 +19,8 @@ class ByteWriter {
   template <typename T>
   void put(T v) {
     static_assert(std::is_integral_v<T>);
-    for (size_t i = 0; i < sizeof(T); ++i) out_.push_back(static_cast<uint8_t>(uint64_t(v) >> (8 * i)));
+    for (size_t i = 0; i < sizeof(T); ++i)
+      out_.push_back(static_cast<uint8_t>(uint64_t(v) >> (8 * i)));
   }
   void put_bytes(std::span<const uint8_t> b) { out_.insert(out_.end(), b.begin(), b.end()); }
 
@@ -48,8 +49,8 @@ class ByteReader {
   size_t remaining() const { return in_.size() - pos_; }
   void expect_end() const {
     if (remaining() != 0)
-      throw Error(Code::kInvalidArgument, std::string(what_) + ": " +
-                                              std::to_string(remaining()) + " trailing bytes");
+      throw Error(Code::kInvalidArgument,
+                  std::string(what_) + ": " + std::to_string(remaining()) + " trailing bytes");
   }
 
  private:

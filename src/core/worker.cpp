@@ -24,13 +24,19 @@ enum : uint64_t { kTagWrite = 1, kTagSend = 2, kTagRecv = 3 };
 uint64_t make_ctx(uint64_t tag, uint32_t gen, uint32_t idx) {
   return tag << 56 | uint64_t(gen & 0xFFFFFF) << 32 | idx;
 }
-uint64_t ctx_tag(uint64_t ctx) { return ctx >> 56; }
-uint32_t ctx_gen(uint64_t ctx) { return uint32_t(ctx >> 32) & 0xFFFFFF; }
-uint32_t ctx_idx(uint64_t ctx) { return uint32_t(ctx); }
+uint64_t ctx_tag(uint64_t ctx) {
+  return ctx >> 56;
+}
+uint32_t ctx_gen(uint64_t ctx) {
+  return uint32_t(ctx >> 32) & 0xFFFFFF;
+}
+uint32_t ctx_idx(uint64_t ctx) {
+  return uint32_t(ctx);
+}
 
 constexpr size_t kCommandsPerStep = 32;
-constexpr size_t kPostsPerStep = 64;       // per NIC per loop iteration
-constexpr size_t kMaxOutstanding = 1024;   // posted, not yet completed, per NIC
+constexpr size_t kPostsPerStep = 64;      // per NIC per loop iteration
+constexpr size_t kMaxOutstanding = 1024;  // posted, not yet completed, per NIC
 constexpr size_t kPollBatch = 32;
 constexpr auto kSpinBeforeBlock = std::chrono::microseconds(200);
 constexpr auto kDeadPeerCooldown = std::chrono::seconds(1);
@@ -301,8 +307,8 @@ PeerId Worker::resolve(uint8_t nic, const NetAddr& addr, Status* err) {
   if (auto old = n.latest.find(raw); old != n.latest.end() && !(old->second == addr)) {
     // Same endpoint bytes, new incarnation: the peer restarted. Retire the old
     // entry so nothing resolves to it any more.
-    log().info("NIC {}: peer {} restarted (was {}); the old address is now stale",
-               infos_[nic].name, addr.brief(), old->second.brief());
+    log().info("NIC {}: peer {} restarted (was {}); the old address is now stale", infos_[nic].name,
+               addr.brief(), old->second.brief());
     if (auto p = n.peers.find(old->second); p != n.peers.end()) {
       n.domain->remove_peer(p->second);
       n.peers.erase(p);
@@ -312,8 +318,8 @@ PeerId Worker::resolve(uint8_t nic, const NetAddr& addr, Status* err) {
   }
   PeerId id = n.domain->add_peer(addr.raw(), err);
   if (!err->is_ok()) {
-    *err = Status(err->code(), fmt::format("peer {} via NIC {}: {}", addr.brief(),
-                                           infos_[nic].name, err->message()));
+    *err = Status(err->code(), fmt::format("peer {} via NIC {}: {}", addr.brief(), infos_[nic].name,
+                                           err->message()));
     return 0;
   }
   n.peers.emplace(addr, id);
@@ -323,7 +329,8 @@ PeerId Worker::resolve(uint8_t nic, const NetAddr& addr, Status* err) {
 
 void Worker::mark_dead(const NetAddr& addr, const Status& why) {
   auto [it, fresh] = dead_.try_emplace(addr, DeadPeer{why, Clock::now()});
-  if (fresh) log().warn("worker {}: peer {} marked failed: {}", index_, addr.brief(), why.message());
+  if (fresh)
+    log().warn("worker {}: peer {} marked failed: {}", index_, addr.brief(), why.message());
   it->second.since = Clock::now();
 }
 
@@ -362,13 +369,18 @@ void Worker::start_transfer(Command& cmd) {
           plan = plan_runs(r.src_pages.indices.size(), n, rr_);
         } else if constexpr (std::is_same_v<T, ScatterReq>) {
           uint32_t t = r.dsts.size();
-          if (r.route.kind == GroupRoute::Kind::kPinned) plan = plan_pinned(t, r.route.nic);
-          else if (r.route.kind == GroupRoute::Kind::kShardBytes) plan = plan_shard_bytes(t, n);
-          else plan = plan_runs(t, n, rr_);
+          if (r.route.kind == GroupRoute::Kind::kPinned)
+            plan = plan_pinned(t, r.route.nic);
+          else if (r.route.kind == GroupRoute::Kind::kShardBytes)
+            plan = plan_shard_bytes(t, n);
+          else
+            plan = plan_runs(t, n, rr_);
         } else if constexpr (std::is_same_v<T, BarrierReq>) {
           uint32_t t = r.dsts.size();
-          if (r.route.kind == GroupRoute::Kind::kPinned) plan = plan_pinned(t, r.route.nic);
-          else plan = plan_runs(t, n, rr_);
+          if (r.route.kind == GroupRoute::Kind::kPinned)
+            plan = plan_pinned(t, r.route.nic);
+          else
+            plan = plan_runs(t, n, rr_);
         } else if constexpr (std::is_same_v<T, SendReq>) {
           plan = plan_pinned(1, 0);
         }
@@ -638,8 +650,10 @@ bool Worker::poll_completions() {
       Completion& c = comps[i];
       switch (c.kind) {
         case Completion::Kind::kRemoteImm:
-          if (c.status.is_ok()) shared_->imms->on_arrival(c.imm);
-          else log().warn("NIC {}: incoming immediate failed: {}", infos_[k].name, c.status.message());
+          if (c.status.is_ok())
+            shared_->imms->on_arrival(c.imm);
+          else
+            log().warn("NIC {}: incoming immediate failed: {}", infos_[k].name, c.status.message());
           break;
         case Completion::Kind::kWrite:
         case Completion::Kind::kSend:
@@ -668,7 +682,8 @@ bool Worker::on_local_done(uint64_t ctx, const Status& st) {
   s.completed++;
   if (!st.is_ok()) {
     if (st.code() == Code::kUnavailable)
-      if (const NetAddr* a = failed_peer(s.req, tag == kTagSend ? 0 : current_nic_)) mark_dead(*a, st);
+      if (const NetAddr* a = failed_peer(s.req, tag == kTagSend ? 0 : current_nic_))
+        mark_dead(*a, st);
     if (s.error.is_ok()) s.error = st;
   }
   maybe_finish(idx);
@@ -713,9 +728,12 @@ void Worker::check_deadlines() {
     Slot& s = slots_[i];
     if (!s.active || s.finished || s.deadline == Clock::time_point{} || now < s.deadline) continue;
     std::string peer = "?";
-    if (auto* r = std::get_if<SingleReq>(&s.req)) peer = r->dst.nics[0].addr.brief();
-    else if (auto* r = std::get_if<PagedReq>(&s.req)) peer = r->dst.nics[0].addr.brief();
-    else if (auto* r = std::get_if<SendReq>(&s.req)) peer = r->addr.brief();
+    if (auto* r = std::get_if<SingleReq>(&s.req))
+      peer = r->dst.nics[0].addr.brief();
+    else if (auto* r = std::get_if<PagedReq>(&s.req))
+      peer = r->dst.nics[0].addr.brief();
+    else if (auto* r = std::get_if<SendReq>(&s.req))
+      peer = r->addr.brief();
     finish(s, Status(Code::kDeadlineExceeded,
                      fmt::format("transfer {} to {} via NIC {} passed its deadline ({} of {} "
                                  "writes completed)",

@@ -201,7 +201,7 @@ class Worker {
   };
   struct PeerGroup {
     std::vector<std::vector<NetAddr>> addrs;
-    uint64_t epoch = 0;  // stale_epoch_ when last checked
+    uint64_t epoch = 0;         // stale_epoch_ when last checked
     std::vector<PeerId> peers;  // [peer * kMaxNics + nic]
   };
 

@@ -12,7 +12,7 @@
 namespace ferry::cuda {
 
 struct PointerInfo {
-  bool device = false;      // device (or managed) memory of `ordinal`
+  bool device = false;  // device (or managed) memory of `ordinal`
   int ordinal = -1;
   uint64_t range_start = 0;  // the allocation holding the pointer (device memory only)
   uint64_t range_size = 0;

@@ -198,7 +198,7 @@ size_t FabricDomain::retry_reposts(std::span<core::Completion> out) {
         ++n;
       } else {
         core::log().warn("fabric NIC '{}': internal receive re-post failed: {}", res_->nic_name,
-                     fi_strerror(static_cast<int>(-ret)));
+                         fi_strerror(static_cast<int>(-ret)));
       }
       pool_->release(op);
     }
@@ -220,7 +220,7 @@ bool FabricDomain::map_completion(const fi_cq_data_entry& e, core::Completion* o
   }
   if (op == nullptr || op->kind == OpKind::kFree) {
     core::log().warn("fabric NIC '{}': completion with unknown context {} flags {:#x} ignored",
-                 res_->nic_name, e.op_context, e.flags);
+                     res_->nic_name, e.op_context, e.flags);
     return false;
   }
   switch (op->kind) {
@@ -253,7 +253,7 @@ int FabricDomain::map_error(core::Completion* out) {
   if (ret < 0) {
     if (ret != -FI_EAGAIN) {
       core::log().warn("fabric NIC '{}': fi_cq_readerr failed: {}", res_->nic_name,
-                   fi_strerror(static_cast<int>(-ret)));
+                       fi_strerror(static_cast<int>(-ret)));
     }
     return -1;
   }
@@ -318,7 +318,7 @@ size_t FabricDomain::poll(std::span<core::Completion> out) {
     if (!cq_failure_logged_) {
       cq_failure_logged_ = true;
       core::log().error("fabric NIC '{}': fi_cq_read failed: {} ({})", res_->nic_name,
-                    fi_strerror(static_cast<int>(-ret)), ret);
+                        fi_strerror(static_cast<int>(-ret)), ret);
     }
     break;
   }

@@ -93,7 +93,7 @@ std::vector<FabricNicInfo> list_fabric_nics(const std::string& provider) {
   InfoPtr list = query(provider, /*hmem=*/false, &ret);
   if (!list) {
     core::log().debug("ferry fabric: fi_getinfo(provider '{}') found nothing: {}", provider,
-                  fi_strerror(-ret));
+                      fi_strerror(-ret));
     return nics;
   }
   for (const fi_info* info = list.get(); info != nullptr; info = info->next) {

@@ -12,8 +12,8 @@
 #include <cstdlib>
 
 #include <algorithm>
-#include <random>
 #include <cstring>
+#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -332,9 +332,8 @@ Status check_memory_kind(const void* ptr, Device device) {
       return Status(Code::kInvalidArgument,
                     fmt::format("{} is host memory, registered as {}", ptr, device.to_string()));
     if (ordinal != device.ordinal)
-      return Status(Code::kInvalidArgument,
-                    fmt::format("{} is memory of cuda:{}, registered as {}", ptr, ordinal,
-                                device.to_string()));
+      return Status(Code::kInvalidArgument, fmt::format("{} is memory of cuda:{}, registered as {}",
+                                                        ptr, ordinal, device.to_string()));
     return Status::ok();
   }
   // Host registrations: without CUDA nothing can be device memory.
@@ -483,7 +482,8 @@ const char* FabricDomain::missing_shm_peer(std::span<const uint8_t> raw) const {
   // Regions are named "<pid>:..."; a killed peer leaves its region behind.
   char* end = nullptr;
   long pid = std::strtol(region.c_str(), &end, 10);
-  if (end != region.c_str() && *end == ':' && pid > 0 && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH)
+  if (end != region.c_str() && *end == ':' && pid > 0 && ::kill(pid_t(pid), 0) != 0 &&
+      errno == ESRCH)
     return "its process no longer exists (peer exited)";
   return nullptr;
 }
@@ -504,11 +504,14 @@ core::PeerId FabricDomain::add_peer(std::span<const uint8_t> raw, Status* error)
     return 0;
   }
   if (const char* gone = missing_shm_peer(raw); gone != nullptr) {
-    set_error(error, Status(Code::kUnavailable,
-                            fmt::format("fabric NIC '{}': peer {}: {}", nic,
-                                        std::string(reinterpret_cast<const char*>(raw.data()),
-                                                     strnlen(reinterpret_cast<const char*>(raw.data()), raw.size())),
-                                        gone)));
+    set_error(
+        error,
+        Status(
+            Code::kUnavailable,
+            fmt::format("fabric NIC '{}': peer {}: {}", nic,
+                        std::string(reinterpret_cast<const char*>(raw.data()),
+                                    strnlen(reinterpret_cast<const char*>(raw.data()), raw.size())),
+                        gone)));
     return 0;
   }
   std::string key(reinterpret_cast<const char*>(raw.data()), raw.size());
@@ -541,7 +544,7 @@ void FabricDomain::remove_peer(core::PeerId peer) {
     const int ret = fi_av_remove(res_->av.get(), &addr, 1, 0);
     if (ret != 0) {
       core::log().warn("fabric NIC '{}': fi_av_remove failed: {} ({})", res_->nic_name,
-                   fi_strerror(-ret), ret);
+                       fi_strerror(-ret), ret);
     }
     peers_.erase(it);
     return;

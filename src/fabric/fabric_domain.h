@@ -12,7 +12,7 @@ namespace ferry::fabric {
 struct FabricNicInfo {
   std::string provider;  // as reported: "efa", "tcp;ofi_rxm", "shm"
   std::string fabric;
-  std::string domain;    // NIC name used in GroupConfig::nic_names
+  std::string domain;  // NIC name used in GroupConfig::nic_names
   uint64_t link_speed_bps = 0;
   std::string pci_address;  // "0000:16:00.0" when the provider reports it
   bool hmem = false;        // FI_HMEM supported
@@ -22,7 +22,6 @@ struct FabricNicInfo {
 std::vector<FabricNicInfo> list_fabric_nics(const std::string& provider);
 
 // Opens one NIC. Never falls back to another provider: failure is returned.
-std::unique_ptr<core::Domain> open_fabric_domain(const core::DomainOptions& options,
-                                                 Status* error);
+std::unique_ptr<core::Domain> open_fabric_domain(const core::DomainOptions& options, Status* error);
 
 }  // namespace ferry::fabric

@@ -40,7 +40,7 @@ struct FidCloser {
     const int ret = fi_close(&obj->fid);
     if (ret != 0) {
       core::log().warn("ferry fabric: fi_close({}) failed: {} ({})", fid_kind_name(obj),
-                   fi_strerror(-ret), ret);
+                       fi_strerror(-ret), ret);
     }
   }
 };

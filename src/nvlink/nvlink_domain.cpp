@@ -31,8 +31,8 @@ namespace {
 // ~395 GB/s on their own and leave the SMs alone; smaller ones are cut into
 // <= 64 KiB ops of the next gather launch.
 constexpr uint64_t kCopyEngineMin = 4 << 20;
-constexpr uint32_t kBatches = 32;          // launches in flight
-constexpr uint32_t kMaxBatchOps = 4096;    // ops per launch
+constexpr uint32_t kBatches = 32;        // launches in flight
+constexpr uint32_t kMaxBatchOps = 4096;  // ops per launch
 // A batch is launched once it is this big, or when poll() runs without a
 // post since the last poll (the worker has nothing more to add right now).
 constexpr uint32_t kFlushOps = 512;
@@ -163,7 +163,9 @@ class NvlinkDomain final : public core::Domain {
 
   NvlinkDomain() = default;
   Target* resolve(Peer& p, uint64_t rkey, Status* error);
-  Batch* open_batch() { return issued_ < kBatches ? &batches_[(head_ + issued_) % kBatches] : nullptr; }
+  Batch* open_batch() {
+    return issued_ < kBatches ? &batches_[(head_ + issued_) % kBatches] : nullptr;
+  }
   void flush();
   void fail_batch(Batch& b, const Status& s);
   std::string peer_name(const Peer& p) const {
@@ -199,8 +201,8 @@ std::unique_ptr<core::Domain> NvlinkDomain::open(const core::DomainOptions& opti
   d->device_ = options.device.ordinal;
   cudaError_t e = cudaSetDevice(d->device_);
   if (e != cudaSuccess) {
-    set_error(error, Status(Code::kUnavailable, fmt::format("nvlink: cudaSetDevice({}): {}",
-                                                            d->device_, cuda_msg(e))));
+    set_error(error, Status(Code::kUnavailable,
+                            fmt::format("nvlink: cudaSetDevice({}): {}", d->device_, cuda_msg(e))));
     return nullptr;
   }
   if (!local_boot_id(&d->self_.boot_id)) {
@@ -214,7 +216,8 @@ std::unique_ptr<core::Domain> NvlinkDomain::open(const core::DomainOptions& opti
   d->self_.device = d->device_;
   d->self_.shm_name = fmt::format("/ferry-nvl-{}-{}-{:08x}", d->self_.pid, options.position, rd());
   Status st;
-  std::unique_ptr<ShmSegment> shm = ShmSegment::create(d->self_.shm_name, d->self_.pid, d->device_, &st);
+  std::unique_ptr<ShmSegment> shm =
+      ShmSegment::create(d->self_.shm_name, d->self_.pid, d->device_, &st);
   if (!shm) {
     set_error(error, st);
     return nullptr;
@@ -234,9 +237,8 @@ std::unique_ptr<core::Domain> NvlinkDomain::open(const core::DomainOptions& opti
     d->batches_[i].items.reserve(kMaxBatchOps);
   }
   if (e != cudaSuccess) {
-    set_error(error, Status(Code::kUnavailable,
-                            fmt::format("nvlink: setting up cuda:{} failed: {}", d->device_,
-                                        cuda_msg(e))));
+    set_error(error, Status(Code::kUnavailable, fmt::format("nvlink: setting up cuda:{} failed: {}",
+                                                            d->device_, cuda_msg(e))));
     return nullptr;
   }
   d->info_.name = fmt::format("nvlink-cuda{}-{}", d->device_, options.position);
@@ -359,9 +361,9 @@ core::PeerId NvlinkDomain::add_peer(std::span<const uint8_t> raw, Status* error)
     return 0;
   }
   if (::kill(pid_t(a->pid), 0) != 0 && errno == ESRCH) {
-    set_error(error, Status(Code::kUnavailable,
-                            fmt::format("nvlink {}: peer pid {} no longer exists", info_.name,
-                                        a->pid)));
+    set_error(error,
+              Status(Code::kUnavailable,
+                     fmt::format("nvlink {}: peer pid {} no longer exists", info_.name, a->pid)));
     return 0;
   }
   Status st;

@@ -22,8 +22,8 @@ struct RawAddress {
 
   std::array<uint8_t, 16> boot_id{};  // /proc/sys/kernel/random/boot_id: the host (and boot)
   uint32_t pid = 0;
-  int32_t device = 0;                 // CUDA ordinal in the owner's process
-  std::string shm_name;               // the owner's segment (mailbox + region table)
+  int32_t device = 0;    // CUDA ordinal in the owner's process
+  std::string shm_name;  // the owner's segment (mailbox + region table)
 
   std::vector<uint8_t> encode() const;
   // nullopt with *why set when the bytes are not an NVLink address.

@@ -5,8 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <new>
 
@@ -96,9 +96,9 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, Status* er
   if (std::atomic_ref<const uint64_t>(h.magic).load(std::memory_order_acquire) != kShmMagic ||
       h.version != kShmVersion || h.mailbox_capacity != kMailboxCapacity ||
       h.region_capacity != kRegionCapacity) {
-    *error = Status(Code::kInvalidArgument,
-                    fmt::format("nvlink: '{}' is not a ferry NVLink segment of version {}", name,
-                                kShmVersion));
+    *error = Status(
+        Code::kInvalidArgument,
+        fmt::format("nvlink: '{}' is not a ferry NVLink segment of version {}", name, kShmVersion));
     return nullptr;
   }
   *error = Status::ok();
@@ -111,7 +111,9 @@ ShmSegment::~ShmSegment() {
 }
 
 namespace {
-uint32_t seq_of(uint64_t word) { return uint32_t(word >> 32); }
+uint32_t seq_of(uint64_t word) {
+  return uint32_t(word >> 32);
+}
 }  // namespace
 
 size_t ShmSegment::push_imms(std::span<const uint32_t> imms) {
@@ -138,8 +140,8 @@ size_t ShmSegment::push_imms(std::span<const uint32_t> imms) {
     if (h.enqueue_pos.compare_exchange_weak(pos, pos + n, std::memory_order_relaxed)) break;
   }
   for (size_t i = 0; i < n; ++i)
-    c[(pos + i) & (kMailboxCapacity - 1)].word.store(uint64_t(uint32_t(pos + i + 1)) << 32 | imms[i],
-                                                      std::memory_order_release);
+    c[(pos + i) & (kMailboxCapacity - 1)].word.store(
+        uint64_t(uint32_t(pos + i + 1)) << 32 | imms[i], std::memory_order_release);
   return n;
 }
 

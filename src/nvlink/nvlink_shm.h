@@ -38,7 +38,7 @@ struct MailboxCell {
 struct RegionEntry {
   // 0 = free or being rewritten; else the generation in the rkey's top half.
   std::atomic<uint64_t> gen;
-  uint64_t ptr;           // owner's address of byte 0 of the registration
+  uint64_t ptr;  // owner's address of byte 0 of the registration
   uint64_t len;
   uint64_t alloc_offset;  // ptr - base of the CUDA allocation the handle covers
   uint8_t handle[kIpcHandleBytes];
@@ -59,8 +59,8 @@ struct ShmHeader {
   alignas(64) uint8_t pad1[64];
 };
 
-inline constexpr size_t kShmBytes =
-    sizeof(ShmHeader) + sizeof(MailboxCell) * kMailboxCapacity + sizeof(RegionEntry) * kRegionCapacity;
+inline constexpr size_t kShmBytes = sizeof(ShmHeader) + sizeof(MailboxCell) * kMailboxCapacity +
+                                    sizeof(RegionEntry) * kRegionCapacity;
 
 // RAII mapping of a segment. The owner creates (and on destruction unlinks)
 // it; writers open an existing one by name.
@@ -104,7 +104,7 @@ class ShmSegment {
   std::string name_;
   void* base_ = nullptr;
   bool owner_ = false;
-  uint32_t next_free_ = 0;      // owner: slots never used yet start here
+  uint32_t next_free_ = 0;  // owner: slots never used yet start here
   uint32_t free_list_[kRegionCapacity];
   uint32_t free_count_ = 0;
   uint64_t next_gen_ = 1;

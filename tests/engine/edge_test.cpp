@@ -82,16 +82,17 @@ TEST_P(EdgeTest, HundredThousandPagesLandWithOneImmediateEach) {
                             std::move(d));
   });
   for (uint32_t i = 0; i < kPages; ++i)
-    ASSERT_EQ(std::memcmp(dst.buf.get() + rev[i] * kPage, src.buf.get() + i * kPage, kPage), 0) << i;
+    ASSERT_EQ(std::memcmp(dst.buf.get() + rev[i] * kPage, src.buf.get() + i * kPage, kPage), 0)
+        << i;
 }
 
 TEST_P(EdgeTest, ZeroLengthWritesDeliverOneImmediateAndTouchNothing) {
   auto src = region(4096, 8), dst = region(4096, 0);
-  run(4, ImmPlan::single_write(0, WriteRoute::split(), nics_), [&](OnDone d) {
-    e_->submit_single_write(0, 4, src.h, 4096, dst.d, 4096, std::move(d));
-  });
+  run(4, ImmPlan::single_write(0, WriteRoute::split(), nics_),
+      [&](OnDone d) { e_->submit_single_write(0, 4, src.h, 4096, dst.d, 4096, std::move(d)); });
   run(4, 1, [&](OnDone d) {
-    e_->submit_paged_writes(0, 4, src.h, Pages{{0}, 0, 0}, dst.d, Pages{{0}, 0, 4096}, std::move(d));
+    e_->submit_paged_writes(0, 4, src.h, Pages{{0}, 0, 0}, dst.d, Pages{{0}, 0, 4096},
+                            std::move(d));
   });
   for (int i = 0; i < 4096; ++i) ASSERT_EQ(dst.buf.get()[i], 0);
 }
@@ -132,15 +133,18 @@ TEST_P(EdgeTest, DescriptorFromAPeerWithAnotherNicCountIsRejectedBeforePosting) 
     EXPECT_EQ(err.code(), Code::kFailedPrecondition);
     EXPECT_NE(std::string(err.what()).find("NICs"), std::string::npos);
   }
-  EXPECT_THROW(e_->submit_scatter(std::nullopt, {}, 7, src.h, {ScatterDst{8, 0, theirs, 0}}), Error);
+  EXPECT_THROW(e_->submit_scatter(std::nullopt, {}, 7, src.h, {ScatterDst{8, 0, theirs, 0}}),
+               Error);
   EXPECT_THROW(e_->add_peer_group(std::vector<MrDesc>{theirs}), Error);
   EXPECT_EQ(counter.value(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, EdgeTest,
-                         ::testing::Combine(::testing::Values("tcp", "shm"), ::testing::Values(1, 2)),
+                         ::testing::Combine(::testing::Values("tcp", "shm"),
+                                            ::testing::Values(1, 2)),
                          [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "nic";
+                           return std::get<0>(info.param) + "_" +
+                                  std::to_string(std::get<1>(info.param)) + "nic";
                          });
 
 }  // namespace

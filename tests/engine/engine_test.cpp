@@ -114,8 +114,8 @@ TEST_P(EngineTest, CallbacksCountersAndFlagsAllSignalCompletion) {
   });
   e.submit_single_write(4096, 9, h, 4096, desc, 4096, OnDone::counter(done, &errors));
   e.submit_single_write(8192, 9, h, 8192, desc, 8192, OnDone::flag(flag));
-  ASSERT_TRUE(test::wait_until(
-      [&] { return callbacks.load() == 1 && done.load() == 1 && flag.load(); }));
+  ASSERT_TRUE(
+      test::wait_until([&] { return callbacks.load() == 1 && done.load() == 1 && flag.load(); }));
   EXPECT_EQ(errors.load(), 0u);
   EXPECT_EQ(ask(peer.channel(), "count 9 3"), "ok 0");
   EXPECT_EQ(ask(peer.channel(), check_cmd(0, 16384, 3)), "ok");
@@ -135,7 +135,8 @@ TEST_P(EngineTest, PagedWritesLandAtTheirPages) {
   std::vector<uint32_t> perm(kPages), ident(kPages);
   for (uint32_t i = 0; i < kPages; ++i) perm[i] = ident[i] = i;
   std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
-  for (uint32_t i = 0; i < kPages; ++i) test::fill_pattern(src.get() + i * kStride, kPage, 1000 + i);
+  for (uint32_t i = 0; i < kPages; ++i)
+    test::fill_pattern(src.get() + i * kStride, kPage, 1000 + i);
   ASSERT_EQ(ask(peer.channel(), "counter 11"), "ok");
   std::atomic<bool> done{false}, failed{false};
   e.submit_paged_writes(kPage, 11, h, Pages{ident, kStride, 0}, desc, Pages{perm, kStride, 0},

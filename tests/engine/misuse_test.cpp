@@ -166,23 +166,28 @@ TEST_P(MisuseTest, ThrowingCallbackDoesNotStopTheEngine) {
   EXPECT_TRUE(test::wait_until([&] { return second.load(); }));
 }
 
-
 TEST_P(MisuseTest, PageListsOfDifferentLengthsAreInvalidArgument) {
-  EXPECT_EQ(code_of([&] {
-              engine_->submit_paged_writes(64, 77, h_, Pages{{0, 1}, 64, 0}, d_, Pages{{0}, 64, 0}, {});
-            }),
-            Code::kInvalidArgument);
+  EXPECT_EQ(
+      code_of([&] {
+        engine_->submit_paged_writes(64, 77, h_, Pages{{0, 1}, 64, 0}, d_, Pages{{0}, 64, 0}, {});
+      }),
+      Code::kInvalidArgument);
   expect_nothing_posted();
 }
 
 TEST_P(MisuseTest, PinnedNicOutOfRangeIsInvalidArgument) {
-  EXPECT_EQ(code_of([&] { engine_->submit_single_write(8, 77, h_, 0, d_, 0, {}, WriteRoute::pinned(3)); }),
-            Code::kInvalidArgument);
-  EXPECT_EQ(code_of([&] { engine_->submit_single_write(8, 77, h_, 0, d_, 0, {}, WriteRoute::split(2)); }),
-            Code::kInvalidArgument);
-  EXPECT_EQ(code_of([&] { engine_->submit_imm(77, d_, {}, WriteRoute::pinned(1)); }), Code::kInvalidArgument);
   EXPECT_EQ(code_of([&] {
-              engine_->submit_scatter(std::nullopt, {}, 77, h_, {ScatterDst{8, 0, d_, 0}}, GroupRoute::pinned(2));
+              engine_->submit_single_write(8, 77, h_, 0, d_, 0, {}, WriteRoute::pinned(3));
+            }),
+            Code::kInvalidArgument);
+  EXPECT_EQ(
+      code_of([&] { engine_->submit_single_write(8, 77, h_, 0, d_, 0, {}, WriteRoute::split(2)); }),
+      Code::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { engine_->submit_imm(77, d_, {}, WriteRoute::pinned(1)); }),
+            Code::kInvalidArgument);
+  EXPECT_EQ(code_of([&] {
+              engine_->submit_scatter(std::nullopt, {}, 77, h_, {ScatterDst{8, 0, d_, 0}},
+                                      GroupRoute::pinned(2));
             }),
             Code::kInvalidArgument);
   expect_nothing_posted();
@@ -191,9 +196,19 @@ TEST_P(MisuseTest, PinnedNicOutOfRangeIsInvalidArgument) {
 TEST_P(MisuseTest, UnknownOrMismatchedPeerGroupFailsTheTransfer) {
   Status unknown, mismatch;
   std::atomic<int> ended{0};
-  engine_->submit_barrier(PeerGroupHandle(999), [&](const Status& s) { unknown = s; ++ended; }, 77, {d_});
+  engine_->submit_barrier(PeerGroupHandle(999),
+                          [&](const Status& s) {
+                            unknown = s;
+                            ++ended;
+                          },
+                          77, {d_});
   auto g = engine_->add_peer_group(std::vector<MrDesc>{d_, d_});
-  engine_->submit_barrier(g, [&](const Status& s) { mismatch = s; ++ended; }, 77, {d_});
+  engine_->submit_barrier(g,
+                          [&](const Status& s) {
+                            mismatch = s;
+                            ++ended;
+                          },
+                          77, {d_});
   ASSERT_TRUE(test::wait_until([&] { return ended.load() == 2; }));
   EXPECT_EQ(unknown.code(), Code::kNotFound) << unknown.to_string();
   EXPECT_EQ(mismatch.code(), Code::kInvalidArgument) << mismatch.to_string();
@@ -202,7 +217,8 @@ TEST_P(MisuseTest, UnknownOrMismatchedPeerGroupFailsTheTransfer) {
 
 TEST_P(MisuseTest, SendLargerThanTheSendBufferIsInvalidArgument) {
   std::vector<uint8_t> big((64 << 10) + 1);
-  EXPECT_EQ(code_of([&] { engine_->submit_send(engine_->main_address(), big, {}); }), Code::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { engine_->submit_send(engine_->main_address(), big, {}); }),
+            Code::kInvalidArgument);
   EXPECT_EQ(code_of([&] { engine_->submit_send(NetAddr(), std::vector<uint8_t>(4), {}); }),
             Code::kInvalidArgument);
 }

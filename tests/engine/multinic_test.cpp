@@ -29,7 +29,8 @@ TEST_P(MultiNicTest, EveryOperationAndRouteDeliversExactBytesAndImmediates) {
   std::vector<std::unique_ptr<Peer>> rx;
   std::vector<Channel*> chans;
   for (int i = 0; i < kReceivers; ++i) {
-    rx.push_back(std::make_unique<Peer>([&](Channel& ch) { return test::serve_region(ch, cfg, kRegion); }));
+    rx.push_back(
+        std::make_unique<Peer>([&](Channel& ch) { return test::serve_region(ch, cfg, kRegion); }));
     chans.push_back(&rx.back()->channel());
   }
   std::string failures = test::run_scenario(chans, cfg, kRegion);
@@ -38,9 +39,11 @@ TEST_P(MultiNicTest, EveryOperationAndRouteDeliversExactBytesAndImmediates) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Loopback, MultiNicTest,
-                         ::testing::Combine(::testing::Values("tcp", "shm"), ::testing::Values(1, 2, 4)),
+                         ::testing::Combine(::testing::Values("tcp", "shm"),
+                                            ::testing::Values(1, 2, 4)),
                          [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "nic";
+                           return std::get<0>(info.param) + "_" +
+                                  std::to_string(std::get<1>(info.param)) + "nic";
                          });
 
 // Four hosts (network namespaces), two NICs each on two separate bridges.

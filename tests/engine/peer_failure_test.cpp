@@ -57,7 +57,9 @@ class PeerKillTest : public ::testing::TestWithParam<std::string> {};
 // writes to another peer are unaffected, traffic with each new incarnation
 // works, and the survivor's memory and thread count stay flat.
 TEST_P(PeerKillTest, KilledPeerFailsItsTransfersAndRestartedPeerWorks) {
-  const int cycles = std::getenv("FERRY_PEER_KILL_CYCLES") ? std::atoi(std::getenv("FERRY_PEER_KILL_CYCLES")) : 100;
+  const int cycles = std::getenv("FERRY_PEER_KILL_CYCLES")
+                         ? std::atoi(std::getenv("FERRY_PEER_KILL_CYCLES"))
+                         : 100;
   constexpr uint64_t kRegion = 4 << 20, kWrite = 64 << 10;
   auto cfg = test::config_for(GetParam());
   cfg.default_deadline = 10s;
@@ -127,8 +129,8 @@ TEST_P(PeerKillTest, KilledPeerFailsItsTransfersAndRestartedPeerWorks) {
   EXPECT_EQ(stable.wait(), 0);
   if (cycles > 3) {
     EXPECT_EQ(thread_count(), threads_start);
-    EXPECT_LT(rss_kib(), rss_start + 16 * 1024) << "survivor memory grew from " << rss_start
-                                                 << " KiB to " << rss_kib() << " KiB";
+    EXPECT_LT(rss_kib(), rss_start + 16 * 1024)
+        << "survivor memory grew from " << rss_start << " KiB to " << rss_kib() << " KiB";
   }
   RecordProperty("cycles", std::to_string(cycles));
   RecordProperty("victim_errors", std::to_string(victim_errors));

@@ -75,9 +75,15 @@ TEST_P(PropertyTest, RandomRequestsMatchTheReferenceModel) {
           uint64_t d = base + rng() % (slot - len + 1), s = rng() % (kRegion - len + 1);
           WriteRoute route;
           switch (rng() % 3) {
-            case 0: route = WriteRoute::split(0, 1 + rng() % (64 << 10)); break;
-            case 1: route = WriteRoute::pinned(rng() % nics); break;
-            default: route = WriteRoute::round_robin(); break;
+            case 0:
+              route = WriteRoute::split(0, 1 + rng() % (64 << 10));
+              break;
+            case 1:
+              route = WriteRoute::pinned(rng() % nics);
+              break;
+            default:
+              route = WriteRoute::round_robin();
+              break;
           }
           e.submit_single_write(len, imm, sh, s, dd, d, std::move(on_done), route);
           apply(d, s, len);
@@ -95,8 +101,8 @@ TEST_P(PropertyTest, RandomRequestsMatchTheReferenceModel) {
           uint32_t smax = (kRegion - page) / stride;
           for (auto& x : sidx) x = rng() % (smax + 1);
           for (uint32_t i = 0; i < n; ++i) apply(base + didx[i] * stride, sidx[i] * stride, page);
-          e.submit_paged_writes(page, imm, sh, Pages{sidx, stride, 0}, dd, Pages{didx, stride, base},
-                                std::move(on_done));
+          e.submit_paged_writes(page, imm, sh, Pages{sidx, stride, 0}, dd,
+                                Pages{didx, stride, base}, std::move(on_done));
           count(imm, ImmPlan::paged_writes(n));
           break;
         }
@@ -120,8 +126,9 @@ TEST_P(PropertyTest, RandomRequestsMatchTheReferenceModel) {
         }
         case 5: {  // barrier to three "peers"
           uint32_t imm_b = imm.value_or(kImmBase);
-          e.submit_barrier(group, std::move(on_done), imm_b, {dd, dd, dd},
-                           rng() % 2 ? GroupRoute::shard_peers() : GroupRoute::pinned(rng() % nics));
+          e.submit_barrier(
+              group, std::move(on_done), imm_b, {dd, dd, dd},
+              rng() % 2 ? GroupRoute::shard_peers() : GroupRoute::pinned(rng() % nics));
           count(imm_b, 3 * ImmPlan::barrier_target());
           break;
         }
@@ -140,8 +147,8 @@ TEST_P(PropertyTest, RandomRequestsMatchTheReferenceModel) {
     }
     // A sender's completion says nothing about remote visibility: bytes of
     // writes without an immediate may still be landing, so wait (bounded).
-    if (!test::wait_until(
-            [&] { return std::memcmp(dst.get(), model.mem.data(), kRegion) == 0; }, 10s)) {
+    if (!test::wait_until([&] { return std::memcmp(dst.get(), model.mem.data(), kRegion) == 0; },
+                          10s)) {
       ++mismatches;
       auto [a, b] = std::mismatch(dst.get(), dst.get() + kRegion, model.mem.data());
       FAIL() << "memory differs from the model after " << submitted << " requests, first at "
@@ -152,9 +159,11 @@ TEST_P(PropertyTest, RandomRequestsMatchTheReferenceModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, PropertyTest,
-                         ::testing::Combine(::testing::Values("tcp", "shm"), ::testing::Values(1, 2, 4)),
+                         ::testing::Combine(::testing::Values("tcp", "shm"),
+                                            ::testing::Values(1, 2, 4)),
                          [](const auto& info) {
-                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "nic";
+                           return std::get<0>(info.param) + "_" +
+                                  std::to_string(std::get<1>(info.param)) + "nic";
                          });
 
 }  // namespace

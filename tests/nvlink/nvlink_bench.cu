@@ -18,7 +18,9 @@ using namespace std::chrono_literals;
 
 constexpr size_t kTargetLen = 320ull << 20;
 
-double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double secs(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 bool wait_count(std::atomic<uint64_t>& done, uint64_t n) {
   auto give_up = Clock::now() + 60s;
@@ -128,10 +130,11 @@ int writer(test::Channel& link, test::Channel& parent) {
   std::sort(us.begin() + 100, us.end());  // first 100: warm-up, not counted
   auto pct = [&](double q) { return us[100 + size_t(q * (us.size() - 101))]; };
   char line[256];
-  std::snprintf(line, sizeof line,
-                "imm latency (4 KiB write + imm, counter reached in the other process, RTT/2 of %d): "
-                "p50 %.2f us, p90 %.2f us, p99 %.2f us",
-                kPings - 100, pct(0.5), pct(0.9), pct(0.99));
+  std::snprintf(
+      line, sizeof line,
+      "imm latency (4 KiB write + imm, counter reached in the other process, RTT/2 of %d): "
+      "p50 %.2f us, p90 %.2f us, p99 %.2f us",
+      kPings - 100, pct(0.5), pct(0.9), pct(0.99));
   say(line);
   if (errors.load() != 0) say("FAIL: " + std::to_string(errors.load()) + " transfers failed");
   link.send("quit");
@@ -155,8 +158,8 @@ int main(int argc, char** argv) {
   auto [ra, rb] = ferry::nvtest::run_pair(
       ferry::writer,
       [](ferry::test::Channel& link) {
-        return ferry::nvtest::serve_gpu_target(link, ferry::nvtest::gpu_config("nvlink", 1, true), 1,
-                                               ferry::kTargetLen);
+        return ferry::nvtest::serve_gpu_target(link, ferry::nvtest::gpu_config("nvlink", 1, true),
+                                               1, ferry::kTargetLen);
       },
       &report);
   if (!out.empty()) {

@@ -65,10 +65,10 @@ struct DevBuf {
 
 // Runs writer(ch_to_target) and target(ch_to_writer) in two children; the
 // writer's lines to `report` come back to the caller. Returns the exit codes.
-inline std::pair<int, int> run_pair(const std::function<int(test::Channel&, test::Channel&)>& writer,
-                                    const std::function<int(test::Channel&)>& target,
-                                    std::vector<std::string>* report,
-                                    std::chrono::seconds timeout = 300s) {
+inline std::pair<int, int> run_pair(
+    const std::function<int(test::Channel&, test::Channel&)>& writer,
+    const std::function<int(test::Channel&)>& target, std::vector<std::string>* report,
+    std::chrono::seconds timeout = 300s) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return {-2, -2};
   test::Peer b([&](test::Channel&) {
@@ -99,7 +99,9 @@ struct Seg {
   uint64_t dst_off, len, seed, src_off;
 };
 
-inline std::string str(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+inline std::string str(const std::vector<uint8_t>& v) {
+  return std::string(v.begin(), v.end());
+}
 
 // The target side: registers `len` bytes of GPU memory on `dev`, sends its
 // descriptor, answers commands until "quit":
@@ -147,7 +149,8 @@ inline int serve_gpu_target(test::Channel& ch, const EngineConfig& cfg, int dev,
       in >> imm >> n;
       Status s = counters[imm].wait(n, 20s);
       if (!s.is_ok()) {
-        ch.send("timeout with " + std::to_string(counters[imm].value()) + " of " + std::to_string(n));
+        ch.send("timeout with " + std::to_string(counters[imm].value()) + " of " +
+                std::to_string(n));
         continue;
       }
       std::this_thread::sleep_for(30ms);  // a surplus would show up by now
@@ -159,7 +162,8 @@ inline int serve_gpu_target(test::Channel& ch, const EngineConfig& cfg, int dev,
       std::memcpy(segs.data(), raw->data(), segs.size() * sizeof(Seg));
       std::vector<uint8_t> want(len, 0), got(len);
       for (const Seg& s : segs)
-        for (uint64_t j = 0; j < s.len; ++j) want[s.dst_off + j] = test::pattern_byte(s.seed, s.src_off + j);
+        for (uint64_t j = 0; j < s.len; ++j)
+          want[s.dst_off + j] = test::pattern_byte(s.seed, s.src_off + j);
       if (cudaMemcpy(got.data(), buf.p, len, cudaMemcpyDeviceToHost) != cudaSuccess) {
         ch.send("cudaMemcpy failed");
         continue;
@@ -172,7 +176,8 @@ inline int serve_gpu_target(test::Channel& ch, const EngineConfig& cfg, int dev,
         size_t bad = 0;
         for (size_t i = at; i < len; ++i) bad += got[i] != want[i];
         ch.send("mismatch at byte " + std::to_string(at) + ": got " + std::to_string(got[at]) +
-                " want " + std::to_string(want[at]) + " (" + std::to_string(bad) + " bytes differ)");
+                " want " + std::to_string(want[at]) + " (" + std::to_string(bad) +
+                " bytes differ)");
       }
     } else if (cmd == "desc") {
       std::string hex;

@@ -41,8 +41,10 @@ struct Writer {
 bool wait_flag(std::atomic<bool>& done) {
   auto give_up = std::chrono::steady_clock::now() + 30s;
   while (!done.load())
-    if (std::chrono::steady_clock::now() > give_up) return false;
-    else std::this_thread::sleep_for(50us);
+    if (std::chrono::steady_clock::now() > give_up)
+      return false;
+    else
+      std::this_thread::sleep_for(50us);
   return true;
 }
 
@@ -94,8 +96,10 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
       e.reg_mr(src.p, 4096, Device::host());
       w.fail("GPU memory registered as host: accepted");
     } catch (const Error& err) {
-      if (err.code() != Code::kInvalidArgument) w.fail(std::string("GPU as host: ") + err.what());
-      else w.say(std::string("[ reg ] GPU memory as host: ") + err.what());
+      if (err.code() != Code::kInvalidArgument)
+        w.fail(std::string("GPU as host: ") + err.what());
+      else
+        w.say(std::string("[ reg ] GPU memory as host: ") + err.what());
     }
     try {
       e.submit_single_write(4096, 1, sh, 0, dst, dst.len - 100, OnDone::none());
@@ -106,7 +110,9 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
   }
 
   std::mt19937_64 rng(provider == "nvlink" ? 7 : 11);
-  auto rnd = [&](uint64_t lo, uint64_t hi) { return std::uniform_int_distribution<uint64_t>(lo, hi)(rng); };
+  auto rnd = [&](uint64_t lo, uint64_t hi) {
+    return std::uniform_int_distribution<uint64_t>(lo, hi)(rng);
+  };
   std::vector<uint8_t> host_src(kSrcLen);
   uint64_t total_imms = 0, total_bytes = 0;
   const int kRounds = 24;
@@ -145,7 +151,8 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
         sp.indices.push_back(uint32_t(rnd(0, src_slots - 1)));
         segs.push_back({all[i] * page, page, seed, sp.indices.back() * page});
       }
-      e.submit_paged_writes(page, imm, sh, std::move(sp), dst, std::move(dp), OnDone::flag(done, &failed));
+      e.submit_paged_writes(page, imm, sh, std::move(sp), dst, std::move(dp),
+                            OnDone::flag(done, &failed));
       expect = ImmPlan::paged_writes(n);
       what = "paged " + std::to_string(n) + " x " + std::to_string(page) + " B";
     } else if (kind == 2) {
@@ -169,7 +176,8 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
       expect = 2 * ImmPlan::barrier_target() + ImmPlan::imm();
       what = "barrier x2 + imm";
     }
-    if (!wait_flag(done) || failed.load()) w.fail("round " + std::to_string(r) + " (" + what + "): transfer failed");
+    if (!wait_flag(done) || failed.load())
+      w.fail("round " + std::to_string(r) + " (" + what + "): transfer failed");
     const std::string c = w.ask("count " + std::to_string(imm) + " " + std::to_string(expect));
     if (c != "ok 0") w.fail("round " + std::to_string(r) + " (" + what + "): immediates: " + c);
     link.send("verify");
@@ -177,11 +185,13 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
     std::memcpy(raw.data(), segs.data(), raw.size());
     link.send(raw);
     auto v = link.recv_str(120s);
-    if (!v || *v != "ok") w.fail("round " + std::to_string(r) + " (" + what + "): " + (v ? *v : "no answer"));
+    if (!v || *v != "ok")
+      w.fail("round " + std::to_string(r) + " (" + what + "): " + (v ? *v : "no answer"));
     total_imms += expect;
     for (auto& s : segs) total_bytes += s.len;
   }
-  w.say("[ " + provider + " ] " + std::to_string(kRounds) + " rounds, " + std::to_string(total_bytes) +
+  w.say("[ " + provider + " ] " + std::to_string(kRounds) + " rounds, " +
+        std::to_string(total_bytes) +
         " bytes verified on cuda:" + std::to_string(dst.device.ordinal) + ", " +
         std::to_string(total_imms) + " immediates counted exactly");
 
@@ -199,11 +209,15 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
         done = true;
       });
       wait_flag(done);
-      if (got.code() != Code::kInvalidArgument) w.fail("foreign host: " + got.message());
-      else w.say("[ nvlink ] descriptor of another host: " + got.message());
+      if (got.code() != Code::kInvalidArgument)
+        w.fail("foreign host: " + got.message());
+      else
+        w.say("[ nvlink ] descriptor of another host: " + got.message());
     } catch (const Error& err) {
-      if (err.code() != Code::kInvalidArgument) w.fail(std::string("foreign host: ") + err.what());
-      else w.say(std::string("[ nvlink ] descriptor of another host: ") + err.what());
+      if (err.code() != Code::kInvalidArgument)
+        w.fail(std::string("foreign host: ") + err.what());
+      else
+        w.say(std::string("[ nvlink ] descriptor of another host: ") + err.what());
     }
   }
   w.ask("quit");
@@ -224,7 +238,8 @@ TEST_P(GpuPair, RandomWritesVerifiedOnTheDeviceImmediatesExact) {
         return writer_main(provider, dev_a, link, parent);
       },
       [&](test::Channel& link) {
-        return nvtest::serve_gpu_target(link, nvtest::gpu_config(provider, dev_b), dev_b, kTargetLen);
+        return nvtest::serve_gpu_target(link, nvtest::gpu_config(provider, dev_b), dev_b,
+                                        kTargetLen);
       },
       &report);
   for (const auto& line : report)

@@ -71,7 +71,8 @@ TEST(NvlinkMailbox, FourProducerProcessesEveryImmediateOnceBackPressureWhenFull)
 
 TEST(NvlinkRegionTable, GenerationsMakeStaleKeysFail) {
   Status st;
-  auto owner = ShmSegment::create("/ferry-nvl-unit-r-" + std::to_string(::getpid()), ::getpid(), 0, &st);
+  auto owner =
+      ShmSegment::create("/ferry-nvl-unit-r-" + std::to_string(::getpid()), ::getpid(), 0, &st);
   ASSERT_TRUE(owner);
   uint8_t h[kIpcHandleBytes] = {1, 2, 3};
   const uint64_t k1 = owner->publish(0x1000, 4096, 16, h);

@@ -24,7 +24,8 @@ class Channel {
 
   bool send(const std::vector<uint8_t>& msg);
   bool send(const std::string& msg) { return send(std::vector<uint8_t>(msg.begin(), msg.end())); }
-  std::optional<std::vector<uint8_t>> recv(std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  std::optional<std::vector<uint8_t>> recv(
+      std::chrono::milliseconds timeout = std::chrono::seconds(60));
   std::optional<std::string> recv_str(std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
  private:

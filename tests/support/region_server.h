@@ -25,7 +25,7 @@ struct Buffer {
   struct AlignedDelete {
     void operator()(uint8_t* p) const { ::operator delete[](p, kAlign); }
   };
-  explicit Buffer(size_t n) : data(new(kAlign) uint8_t[n]()), len(n) {}
+  explicit Buffer(size_t n) : data(new (kAlign) uint8_t[n]()), len(n) {}
   std::unique_ptr<uint8_t[], AlignedDelete> data;
   size_t len;
   uint8_t* get() const { return data.get(); }

@@ -29,13 +29,15 @@ struct Checker {
 struct Done {
   std::atomic<bool> done{false}, failed{false};
   OnDone on_done() { return OnDone::flag(done, &failed); }
-  bool wait() { return wait_until([&] { return done.load(); }, 60s) && !failed.load(); }
+  bool wait() {
+    return wait_until([&] { return done.load(); }, 60s) && !failed.load();
+  }
 };
 
 }  // namespace
 
-std::string run_scenario(const std::vector<Channel*>& rx, const EngineConfig& cfg,
-                         uint64_t region, ScenarioStats* stats) {
+std::string run_scenario(const std::vector<Channel*>& rx, const EngineConfig& cfg, uint64_t region,
+                         ScenarioStats* stats) {
   Checker ck;
   const size_t peers = rx.size();
   std::vector<MrDesc> descs;
@@ -49,7 +51,8 @@ std::string run_scenario(const std::vector<Channel*>& rx, const EngineConfig& cf
   Buffer src(region);
   auto [h, mine] = e.reg_mr(src.get(), region);
   for (auto* ch : rx)
-    for (int imm = 100; imm <= 106; ++imm) ck.expect_eq(ask(*ch, fmt::format("counter {}", imm)), "ok", "counter");
+    for (int imm = 100; imm <= 106; ++imm)
+      ck.expect_eq(ask(*ch, fmt::format("counter {}", imm)), "ok", "counter");
   std::mt19937_64 rng(11);
   uint64_t seed = 1;
   uint64_t bulk_bytes = 0;
@@ -65,7 +68,8 @@ std::string run_scenario(const std::vector<Channel*>& rx, const EngineConfig& cf
       uint64_t imms = ImmPlan::single_write(len, WriteRoute::split(), nics);
       ck.expect_eq(ask(*rx[p], fmt::format("count 100 {}", imms)), "ok 0",
                    fmt::format("imms of split write {}", len));
-      ck.expect_eq(ask(*rx[p], check_cmd(off, len, seed)), "ok", fmt::format("bytes of split write {}", len));
+      ck.expect_eq(ask(*rx[p], check_cmd(off, len, seed)), "ok",
+                   fmt::format("bytes of split write {}", len));
       bulk_bytes += len;
       ++seed;
     }
@@ -119,8 +123,10 @@ std::string run_scenario(const std::vector<Channel*>& rx, const EngineConfig& cf
     uint32_t imm;
     bool use_group;
   };
-  for (Mode m : {Mode{GroupRoute::shard_peers(), 103, true}, Mode{GroupRoute::shard_bytes(), 104, true},
-                 Mode{GroupRoute::pinned(nics - 1), 105, false}, Mode{GroupRoute::shard_bytes(), 104, false}}) {
+  for (Mode m :
+       {Mode{GroupRoute::shard_peers(), 103, true}, Mode{GroupRoute::shard_bytes(), 104, true},
+        Mode{GroupRoute::pinned(nics - 1), 105, false},
+        Mode{GroupRoute::shard_bytes(), 104, false}}) {
     std::vector<ScatterDst> dsts;
     for (size_t p = 0; p < peers; ++p) {
       uint64_t len = part - p * 4096;  // targets of different lengths

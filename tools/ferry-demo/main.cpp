@@ -42,7 +42,9 @@ std::optional<std::vector<uint8_t>> recv_all(int fd) {
   return b;
 }
 
-uint8_t byte_at(uint64_t i) { return uint8_t((i * 2654435761u) >> 13); }
+uint8_t byte_at(uint64_t i) {
+  return uint8_t((i * 2654435761u) >> 13);
+}
 
 struct Options {
   std::string provider = "tcp;ofi_rxm";
@@ -94,7 +96,8 @@ int client(int fd, const Options& o, uint64_t total) {
   std::atomic<uint64_t> done{0}, errors{0};
   auto t0 = Clock::now();
   for (uint64_t i = 0; i < writes; ++i) {
-    while (i - done.load(std::memory_order_acquire) >= uint64_t(o.window)) std::this_thread::yield();
+    while (i - done.load(std::memory_order_acquire) >= uint64_t(o.window))
+      std::this_thread::yield();
     e.submit_single_write(chunk, 1, h, i * chunk, desc, i * chunk,
                           ferry::OnDone::counter(done, &errors));
   }
