@@ -33,7 +33,7 @@ TEST_P(EngineTest, SingleWritesOfEverySizeLandByteForByte) {
   constexpr size_t kRegion = (64 << 20) + 8192;
   auto cfg = config();
   Peer peer([&](Channel& ch) { return serve_region(ch, cfg, kRegion); });
-  auto desc = MrDesc::from_bytes(*peer.channel().recv());
+  auto desc = MrDesc::from_bytes(peer.channel().recv().value());
   TransferEngine e(cfg);
   Buffer src(kRegion);
   auto [h, d] = e.reg_mr(src.get(), kRegion);
@@ -65,7 +65,7 @@ TEST_P(EngineTest, SingleWritesOfEverySizeLandByteForByte) {
 TEST_P(EngineTest, ZeroByteImmediatesAreCountedExactly) {
   auto cfg = config();
   Peer peer([&](Channel& ch) { return serve_region(ch, cfg, 4096); });
-  auto desc = MrDesc::from_bytes(*peer.channel().recv());
+  auto desc = MrDesc::from_bytes(peer.channel().recv().value());
   TransferEngine e(cfg);
   ASSERT_EQ(ask(peer.channel(), "counter 99"), "ok");
   std::atomic<uint64_t> done{0}, errors{0};
@@ -80,7 +80,7 @@ TEST_P(EngineTest, ZeroByteImmediatesAreCountedExactly) {
 TEST_P(EngineTest, ExpectedImmCountFiresOncePerCountAndCarriesSurplus) {
   auto cfg = config();
   Peer peer([&](Channel& ch) { return serve_region(ch, cfg, 4096); });
-  auto desc = MrDesc::from_bytes(*peer.channel().recv());
+  auto desc = MrDesc::from_bytes(peer.channel().recv().value());
   TransferEngine e(cfg);
   ASSERT_EQ(ask(peer.channel(), "expect 5 5"), "ok");
   std::atomic<uint64_t> done{0};
@@ -98,7 +98,7 @@ TEST_P(EngineTest, ExpectedImmCountFiresOncePerCountAndCarriesSurplus) {
 TEST_P(EngineTest, CallbacksCountersAndFlagsAllSignalCompletion) {
   auto cfg = config();
   Peer peer([&](Channel& ch) { return serve_region(ch, cfg, 1 << 20); });
-  auto desc = MrDesc::from_bytes(*peer.channel().recv());
+  auto desc = MrDesc::from_bytes(peer.channel().recv().value());
   TransferEngine e(cfg);
   Buffer src(1 << 20);
   auto [h, d] = e.reg_mr(src.get(), src.len);
@@ -127,7 +127,7 @@ TEST_P(EngineTest, PagedWritesLandAtTheirPages) {
   constexpr uint64_t kPage = 4096, kStride = kPage + 128, kPages = 300;
   auto cfg = config();
   Peer peer([&](Channel& ch) { return serve_region(ch, cfg, kStride * kPages); });
-  auto desc = MrDesc::from_bytes(*peer.channel().recv());
+  auto desc = MrDesc::from_bytes(peer.channel().recv().value());
   TransferEngine e(cfg);
   Buffer src(kStride * kPages);
   auto [h, d] = e.reg_mr(src.get(), src.len);
@@ -170,7 +170,7 @@ TEST_P(EngineTest, SendRecvRoundTripsManyMessagesInFlight) {
     ch.recv_str(60s);
     return echoed.load() == kMessages ? 0 : 5;
   });
-  auto peer_addr = NetAddr::from_hex(*peer.channel().recv_str());
+  auto peer_addr = NetAddr::from_hex(peer.channel().recv_str().value());
   TransferEngine e(cfg);
   std::string me = e.main_address().to_hex();
   std::atomic<int> good{0}, bad{0};

@@ -64,7 +64,7 @@ TEST_P(PeerKillTest, KilledPeerFailsItsTransfersAndRestartedPeerWorks) {
   auto cfg = test::config_for(GetParam());
   cfg.default_deadline = 10s;
   Peer stable([&](Channel& ch) { return test::serve_region(ch, cfg, kRegion); });
-  auto stable_desc = MrDesc::from_bytes(*stable.channel().recv());
+  auto stable_desc = MrDesc::from_bytes(stable.channel().recv().value());
   ASSERT_EQ(ask(stable.channel(), "counter 1"), "ok");
 
   TransferEngine e(cfg);
@@ -75,7 +75,7 @@ TEST_P(PeerKillTest, KilledPeerFailsItsTransfersAndRestartedPeerWorks) {
   int victim_errors = 0;
   for (int cycle = 0; cycle < cycles; ++cycle) {
     Peer victim([&](Channel& ch) { return test::serve_region(ch, cfg, kRegion); });
-    auto victim_desc = MrDesc::from_bytes(*victim.channel().recv());
+    auto victim_desc = MrDesc::from_bytes(victim.channel().recv().value());
     // The new incarnation works.
     ASSERT_EQ(ask(victim.channel(), "counter 1"), "ok");
     std::atomic<bool> ok_done{false}, ok_failed{false};
