@@ -32,7 +32,9 @@ case "$variant" in
   tsan)
     sanitize="thread"
     BUILD_DIR=${BUILD_DIR:-build-tsan}
-    export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$ROOT/scripts/tsan.supp print_suppressions=0${SANITIZER_EXTRA:+ $SANITIZER_EXTRA}"
+    # history_size=7: the largest; without it the earlier access of a race is
+    # often "[failed to restore the stack]" and tsan.supp cannot match it.
+    export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=7 suppressions=$ROOT/scripts/tsan.supp print_suppressions=0${SANITIZER_EXTRA:+ $SANITIZER_EXTRA}"
     ;;
   *)
     echo "usage: $0 asan|tsan" >&2

@@ -280,7 +280,7 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   auto& sp = im.send_pool;
   sp.buf_len = config.send_buffer_size;
   sp.count = config.send_buffer_count;
-  sp.mem.reset(new (std::align_val_t(64)) uint8_t[sp.buf_len * sp.count]);
+  sp.mem.reset(new (core::BufferPool::kAlign) uint8_t[sp.buf_len * sp.count]);
   auto reg = std::make_shared<core::Registration>();
   reg->ptr = sp.mem.get();
   reg->len = sp.buf_len * sp.count;
@@ -440,7 +440,7 @@ void TransferEngine::submit_recvs(size_t len, size_t count, RecvCallback on_recv
   auto pool = std::make_unique<core::RecvPool>();
   pool->buf_len = len;
   pool->count = count;
-  pool->mem.reset(new (std::align_val_t(64)) uint8_t[len * count]);
+  pool->mem.reset(new (core::BufferPool::kAlign) uint8_t[len * count]);
   pool->on_recv = std::move(on_recv);
   auto reg = std::make_shared<core::Registration>();
   reg->ptr = pool->mem.get();

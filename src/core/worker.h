@@ -112,7 +112,12 @@ struct Command {
 
 // Host buffers used by sends and receives; registered on NIC 0 of group 0.
 struct BufferPool {
-  std::unique_ptr<uint8_t[]> mem;
+  static constexpr std::align_val_t kAlign{64};
+  // Aligned new[] must be paired with the aligned delete[].
+  struct AlignedDelete {
+    void operator()(uint8_t* p) const { ::operator delete[](p, kAlign); }
+  };
+  std::unique_ptr<uint8_t[], AlignedDelete> mem;
   size_t buf_len = 0, count = 0;
   RegRef reg;
   uint8_t* buffer(uint32_t i) const { return mem.get() + size_t(i) * buf_len; }

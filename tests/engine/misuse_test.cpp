@@ -74,7 +74,8 @@ TEST_P(MisuseTest, DestinationRangePastRegionEndIsOutOfRange) {
 }
 
 TEST_P(MisuseTest, MalformedAddressAndDescriptorBytesAreInvalidArgument) {
-  auto good = engine_->main_address().bytes();
+  auto addr = engine_->main_address();  // the span below points into it
+  auto good = addr.bytes();
   std::vector<uint8_t> truncated(good.begin(), good.end() - 1);
   EXPECT_EQ(code_of([&] { NetAddr::from_bytes(truncated); }), Code::kInvalidArgument);
   EXPECT_EQ(code_of([&] { NetAddr::from_hex("zz"); }), Code::kInvalidArgument);

@@ -37,6 +37,7 @@
 #include "ferry/ferry.h"
 #include "support/engine_config.h"
 #include "support/process.h"
+#include "support/region_server.h"
 #include "testing/fault_domain.h"
 
 namespace ferry::soak {
@@ -424,13 +425,13 @@ class Node {
  private:
   void setup() {
     for (int p = 0; p < kProcs; ++p) {
-      srcs_[p].reset(new (std::align_val_t(4096)) uint8_t[kSrcLen]);
+      srcs_[p].reset(new (test::Buffer::kAlign) uint8_t[kSrcLen]);
       test::fill_pattern(srcs_[p].get(), kSrcLen, src_seed(o_.seed, p));
       imm_count_[p].reset(new std::atomic<uint32_t>[kSeqSpace]());
       msg_count_[p].reset(new std::atomic<uint8_t>[kSeqSpace]());
       failed_flag_[p].assign(kSeqSpace, 0);
     }
-    dst_.reset(new (std::align_val_t(4096)) uint8_t[kDstLen]);
+    dst_.reset(new (test::Buffer::kAlign) uint8_t[kDstLen]);
     std::memset(dst_.get(), kPoison, kDstLen);
     start_engine();
   }
@@ -787,8 +788,8 @@ class Node {
   Options o_;
   Hub* hub_;
   std::unique_ptr<TransferEngine> engine_;
-  std::unique_ptr<uint8_t[]> srcs_[kProcs];
-  std::unique_ptr<uint8_t[]> dst_;
+  std::unique_ptr<uint8_t[], test::Buffer::AlignedDelete> srcs_[kProcs];
+  std::unique_ptr<uint8_t[], test::Buffer::AlignedDelete> dst_;
   MrHandle src_h_;
   MrDesc descs_[kProcs];
   NetAddr addrs_[kProcs];

@@ -9,8 +9,12 @@ namespace ferry::test {
 using namespace std::chrono_literals;
 
 int serve_region(Channel& ch, const EngineConfig& cfg, size_t len) {
-  TransferEngine e(cfg);
+  // The region outlives the engine: destroyed in reverse order, the engine's
+  // workers stop (and the provider stops writing into the region) before the
+  // memory is freed. Freed first, a write still landing from the peer (tcp and
+  // shm copy it in software) hits unmapped memory (SIGSEGV seen under TSan).
   Buffer buf(len);
+  TransferEngine e(cfg);
   auto [h, d] = e.reg_mr(buf.get(), len);
   ch.send(d.to_bytes());
   std::unordered_map<uint64_t, ImmCounter> counters;

@@ -46,9 +46,9 @@ std::string run_scenario(const std::vector<Channel*>& rx, const EngineConfig& cf
     if (!b) return "a receiver did not publish its descriptor\n";
     descs.push_back(MrDesc::from_bytes(*b));
   }
+  Buffer src(region);  // outlives the engine, which may still read it on an early return
   TransferEngine e(cfg);
   const uint32_t nics = e.nics_per_group();
-  Buffer src(region);
   auto [h, mine] = e.reg_mr(src.get(), region);
   for (auto* ch : rx)
     for (int imm = 100; imm <= 106; ++imm)
