@@ -11,7 +11,7 @@ PACKAGES=(
   libconcurrentqueue-dev libspdlog-dev libfmt-dev libcli11-dev
   libhwloc-dev libnuma-dev libibverbs-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang iproute2
+  clang libclang-rt-14-dev iproute2
   python3 python3-dev python3-pip python3-venv
 )
 missing=()
