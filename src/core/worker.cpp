@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/callback_thread.h"
 #include "core/domain_factory.h"
@@ -256,10 +257,16 @@ void Worker::handle(Command& cmd) {
 void Worker::fail_command(Command& cmd, Status s) {
   if (auto* send = std::get_if<SendReq>(&cmd.req)) shared_->send_free->enqueue(send->buffer);
   if (std::holds_alternative<RecvPostReq>(cmd.req)) return;
-  if (cmd.on_done.needs_callback_thread())
-    shared_->callbacks->push(TransferDoneEvent{std::move(cmd.on_done), std::move(s)});
+  signal(std::move(cmd.on_done), std::move(s));
+}
+
+// Counters and flags are updated here, with no thread hop; callbacks run on
+// the callback thread.
+void Worker::signal(OnDone on_done, Status st) {
+  if (on_done.needs_callback_thread())
+    shared_->callbacks->push(TransferDoneEvent{std::move(on_done), std::move(st)});
   else
-    cmd.on_done.signal_inline(s);
+    on_done.signal_inline(st);
 }
 
 uint32_t Worker::alloc_slot() {
@@ -710,11 +717,7 @@ void Worker::finish(Slot& s, Status st) {
   if (s.finished) return;
   s.finished = true;
   if (!st.is_ok() && s.error.is_ok()) s.error = st;
-  if (s.on_done.needs_callback_thread())
-    shared_->callbacks->push(TransferDoneEvent{std::move(s.on_done), std::move(st)});
-  else
-    s.on_done.signal_inline(st);
-  s.on_done = OnDone();
+  signal(std::exchange(s.on_done, OnDone()), std::move(st));
 }
 
 void Worker::check_deadlines() {

@@ -229,6 +229,7 @@ class Worker {
   bool on_local_done(uint64_t ctx, const Status& st);
   void maybe_finish(uint32_t idx);
   void finish(Slot& s, Status st);
+  void signal(OnDone on_done, Status st);
   PeerId resolve(uint8_t nic, const NetAddr& addr, Status* err);
   void mark_dead(const NetAddr& addr, const Status& why);
   void post_recv_buffer(uint32_t pool, uint32_t buffer);
