@@ -6,6 +6,11 @@
 2. immediate latency: ping-pong of immediates between two processes; each side
    answers from a Python callback (``expect_imm_count``) or from a thread blocked in
    ``ImmCounter.wait``; one-way latency = round trip / 2.
+3. watcher latency (``--watcher``, needs PyTorch and a GPU): a one-element
+   ``fill_`` kernel writes a UVM watcher word; measured from just before the launch
+   to the Python callback, next to the same launch timed to the return of
+   ``torch.cuda.synchronize()`` (launch + kernel + sync, no watcher): the
+   difference is what the watcher and the Python callback add.
 
 Needs NumPy. Providers: "tcp" (tcp;ofi_rxm on lo) or "shm".
 """
@@ -168,6 +173,66 @@ def imm_latency(kind: str, mode: str, n: int) -> dict:
         e.stop()
 
 
+class _WordView:
+    """A one-element int64 CUDA array at a raw device address (for torch.as_tensor)."""
+
+    def __init__(self, addr: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (1,), "typestr": "<i8", "data": (addr, False), "version": 3, "strides": None,
+        }
+
+
+def watcher_latency(n: int) -> dict:
+    """Kernel store to a watcher word -> Python callback, against launch + synchronize."""
+    import threading
+
+    import torch
+
+    import ferry
+
+    e = ferry.TransferEngine("tcp;ofi_rxm", nics=["lo"], poll_mode="busy")
+    try:
+        torch.cuda.init()
+        seen = threading.Event()
+        stamp = [0.0, 0]
+
+        def on_change(old: int, new: int) -> bool:
+            stamp[0] = time.perf_counter()
+            stamp[1] = new
+            seen.set()
+            return True
+
+        addr = e.alloc_uvm_watcher(on_change)
+        word = torch.as_tensor(_WordView(addr), device="cuda:0")
+        scratch = torch.zeros(1, dtype=torch.int64, device="cuda:0")
+        via_watcher, via_sync = [], []
+        for i in range(1, n + 101):
+            seen.clear()
+            t0 = time.perf_counter()
+            word.fill_(i)
+            if not seen.wait(10):
+                raise TimeoutError("watcher callback did not run")
+            if stamp[1] != i:
+                raise AssertionError(f"watcher saw {stamp[1]}, expected {i}")
+            t1 = time.perf_counter()
+            scratch.fill_(i)
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            if i > 100:
+                via_watcher.append(stamp[0] - t0)
+                via_sync.append(t2 - t1)
+        via_watcher.sort()
+        via_sync.sort()
+        q = lambda v, f: v[min(len(v) - 1, int(len(v) * f))] * 1e6  # noqa: E731
+        return {
+            "samples": n,
+            "watcher_p50_us": q(via_watcher, 0.5), "watcher_p99_us": q(via_watcher, 0.99),
+            "sync_p50_us": q(via_sync, 0.5), "sync_p99_us": q(via_sync, 0.99),
+        }
+    finally:
+        e.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ferry.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -176,7 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--page-len", type=int, default=64)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--round-trips", type=int, default=2000)
+    ap.add_argument("--watcher", action="store_true",
+                    help="only the watcher latency (needs PyTorch and a GPU)")
     args = ap.parse_args(argv)
+    if args.watcher:
+        r = watcher_latency(args.round_trips)
+        print(f"[cuda] watcher: kernel launch -> Python callback p50 {r['watcher_p50_us']:.1f} us, "
+              f"p99 {r['watcher_p99_us']:.1f} us; launch -> synchronize() returns p50 "
+              f"{r['sync_p50_us']:.1f} us, p99 {r['sync_p99_us']:.1f} us ({r['samples']} samples)")
+        return 0
     for kind in args.provider or ["tcp", "shm"]:
         r = submit_cost(kind, args.pages, args.page_len, args.reps)
         print(f"[{kind}] submit_paged_writes, {r['pages']} pages of {r['page_len']} B: "

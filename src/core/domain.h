@@ -29,6 +29,12 @@ struct DomainInfo {
   uint64_t link_speed_bps = 0;
   uint64_t max_msg_size = 0;  // largest single write / send the NIC takes
   Transport transport = Transport::kFabric;
+  // How the worker feeds this domain: writes handed over per loop iteration
+  // and writes posted but not yet completed. A NIC queue wants them small (the
+  // send queue is bounded); a domain that batches writes into one launch (NVLink)
+  // wants them large, or it only ever sees a fraction of one transfer.
+  uint32_t post_budget = 64;
+  uint32_t max_outstanding = 1024;
 };
 
 // A registration on one NIC. Destroying it deregisters.
@@ -64,6 +70,10 @@ struct Completion {
   uint64_t ctx = 0;
   uint64_t len = 0;
   uint32_t imm = 0;
+  // kWrite: how many writes of ctx finished (all with this status); kRemoteImm:
+  // how many immediates of value imm arrived. Domains that finish work in
+  // batches report a run in one entry instead of one per page.
+  uint32_t count = 1;
   Status status;  // non-OK: the operation of ctx failed (message names NIC and call)
 };
 
@@ -114,6 +124,9 @@ struct DomainOptions {
   size_t nic_index = 0;  // which of the provider's domains when nic_name is empty
   size_t position = 0;   // this NIC's index within its group
   Device device;         // the group's device (for HMEM capability checks)
+  // verbs only: GID table index (EngineConfig::verbs_gid_index); -1 =
+  // FERRY_VERBS_GID_INDEX if set, else automatic. Validated at open.
+  int gid_index = -1;
   // Non-empty: wrap the domain in the fault injector (src/testing/fault_domain.h).
   std::string fault_injection;
 };

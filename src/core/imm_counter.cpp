@@ -84,16 +84,18 @@ void ImmTable::add_plain_callback(ImmCallback cb) {
   plain_.push_back(std::move(cb));
 }
 
-void ImmTable::on_arrival(uint32_t imm) {
+void ImmTable::on_arrival(uint32_t imm, uint32_t n) {
+  if (n == 0) return;
   std::shared_lock lk(mu_);
   auto it = map_.find(imm);
   if (it == map_.end()) {
     lk.unlock();
-    callbacks_->push(PlainImmEvent{imm});
+    // Plain callbacks see every immediate, one event each.
+    for (uint32_t i = 0; i < n; ++i) callbacks_->push(PlainImmEvent{imm});
     return;
   }
   if (it->second.counter) {
-    it->second.counter->add(1);
+    it->second.counter->add(n);
     return;
   }
   if (auto& g = it->second.gpu) {
@@ -105,8 +107,9 @@ void ImmTable::on_arrival(uint32_t imm) {
     // earlier arrival's count (from any worker) before ours, so the release
     // store below is ordered after all their data; a kernel that observes the
     // flag with ld.acquire.sys therefore reads the data, not older bytes.
-    uint64_t now = g->arrived.fetch_add(1, std::memory_order_acq_rel) + 1;
-    if (now % g->every == 0) {
+    const uint64_t before = g->arrived.fetch_add(n, std::memory_order_acq_rel);
+    const uint64_t now = before + n;
+    if (now / g->every != before / g->every) {  // crossed at least one multiple
       auto gen = uint32_t(now / g->every);
       std::atomic_ref<uint32_t> f(*g->flag);
       // Two workers can reach generations k and k+1 and store out of order: a
@@ -119,10 +122,11 @@ void ImmTable::on_arrival(uint32_t imm) {
     return;
   }
   auto& ex = it->second.expected;
-  // Each arrival sees a distinct value of the monotonic count, so exactly one
-  // worker observes each multiple of `every`: once per `every` arrivals.
-  uint64_t now = ex->arrived.fetch_add(1, std::memory_order_acq_rel) + 1;
-  if (now % ex->every == 0) callbacks_->push(ImmCountEvent{ex});
+  // Each arrival run sees a distinct range of the monotonic count, so exactly
+  // one worker observes each multiple of `every`: once per `every` arrivals.
+  const uint64_t before = ex->arrived.fetch_add(n, std::memory_order_acq_rel);
+  for (uint64_t k = before / ex->every; k < (before + n) / ex->every; ++k)
+    callbacks_->push(ImmCountEvent{ex});
 }
 
 void ImmTable::run_plain_callbacks(uint32_t imm) {

@@ -67,8 +67,8 @@ class ImmTable {
   bool remove(uint32_t imm);
   void add_plain_callback(ImmCallback cb);
 
-  // Worker side: one immediate with value imm arrived (its data is visible).
-  void on_arrival(uint32_t imm);
+  // Worker side: `n` immediates with value imm arrived (their data is visible).
+  void on_arrival(uint32_t imm, uint32_t n = 1);
 
   // Callback-thread side.
   void run_plain_callbacks(uint32_t imm);

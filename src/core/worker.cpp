@@ -36,8 +36,9 @@ uint32_t ctx_idx(uint64_t ctx) {
 }
 
 constexpr size_t kCommandsPerStep = 32;
-constexpr size_t kPostsPerStep = 64;      // per NIC per loop iteration
-constexpr size_t kMaxOutstanding = 1024;  // posted, not yet completed, per NIC
+// Per NIC limits come from DomainInfo (post_budget, max_outstanding); this is
+// only the size of one post_writes call.
+constexpr size_t kPostsPerCall = 64;
 constexpr size_t kPollBatch = 32;
 constexpr auto kSpinBeforeBlock = std::chrono::microseconds(200);
 constexpr auto kDeadPeerCooldown = std::chrono::seconds(1);
@@ -555,11 +556,12 @@ size_t Worker::fill_writes(Slot& s, Cursor& c, uint8_t nic, std::span<WriteDesc>
 
 bool Worker::progress_posts() {
   bool did = false;
-  WriteDesc batch[kPostsPerStep];
-  uint32_t units[kPostsPerStep];
+  WriteDesc batch[kPostsPerCall];
+  uint32_t units[kPostsPerCall];
   for (uint8_t k = 0; k < nics_.size(); ++k) {
     Nic& nic = nics_[k];
-    size_t budget = kPostsPerStep;
+    size_t budget = infos_[k].post_budget;
+    const size_t max_outstanding = infos_[k].max_outstanding;
     // Back-pressure can be per peer (a connection still being made, or to a
     // peer that died): a stalled cursor goes to the back and the others get
     // their turn; the NIC is left alone only once every cursor stalled.
@@ -570,7 +572,7 @@ bool Worker::progress_posts() {
       nic.pending.push_back(turn);
       return ++stalled >= nic.pending.size();
     };
-    while (!nic.pending.empty() && budget > 0 && nic.outstanding < kMaxOutstanding) {
+    while (!nic.pending.empty() && budget > 0 && nic.outstanding < max_outstanding) {
       Cursor& c = nic.pending.front();
       Slot& s = slots_[c.slot];
       if (!s.active || s.gen != c.gen || s.finished || !s.error.is_ok()) {
@@ -606,7 +608,7 @@ bool Worker::progress_posts() {
         --budget;
         continue;
       }
-      size_t want = std::min(budget, kMaxOutstanding - nic.outstanding);
+      size_t want = std::min({budget, max_outstanding - nic.outstanding, kPostsPerCall});
       size_t n = fill_writes(s, c, k, std::span(batch, want), units);
       auto r = n ? nic.domain->post_writes(std::span(batch, n)) : PostResult{};
       did |= r.posted > 0;
@@ -658,7 +660,7 @@ bool Worker::poll_completions() {
       switch (c.kind) {
         case Completion::Kind::kRemoteImm:
           if (c.status.is_ok())
-            shared_->imms->on_arrival(c.imm);
+            shared_->imms->on_arrival(c.imm, c.count);
           else
             log().warn("NIC {}: incoming immediate failed: {}", infos_[k].name, c.status.message());
           break;
@@ -666,7 +668,8 @@ bool Worker::poll_completions() {
         case Completion::Kind::kSend:
           // Only a completion of a live transfer releases a posting credit:
           // a stale duplicate must not let the NIC be over-filled.
-          if (on_local_done(c.ctx, c.status) && nic.outstanding) nic.outstanding--;
+          if (on_local_done(c.ctx, c.status, c.count))
+            nic.outstanding -= std::min<uint64_t>(nic.outstanding, c.count);
           break;
         case Completion::Kind::kRecv:
           on_recv_done(c.ctx, c.len, c.status);
@@ -677,7 +680,7 @@ bool Worker::poll_completions() {
   return did;
 }
 
-bool Worker::on_local_done(uint64_t ctx, const Status& st) {
+bool Worker::on_local_done(uint64_t ctx, const Status& st, uint32_t count) {
   uint32_t idx = ctx_idx(ctx);
   uint64_t tag = ctx_tag(ctx);
   if ((tag != kTagWrite && tag != kTagSend) || idx >= slots_.size()) {
@@ -686,7 +689,7 @@ bool Worker::on_local_done(uint64_t ctx, const Status& st) {
   }
   Slot& s = slots_[idx];
   if (!s.active || s.gen != ctx_gen(ctx)) return false;  // stale: the slot was recycled
-  s.completed++;
+  s.completed += count;
   if (!st.is_ok()) {
     if (st.code() == Code::kUnavailable)
       if (const NetAddr* a = failed_peer(s.req, tag == kTagSend ? 0 : current_nic_))

@@ -226,7 +226,7 @@ class Worker {
   void enqueue_plan(uint32_t slot, const ShardPlan& plan);
   size_t fill_writes(Slot& s, Cursor& c, uint8_t nic, std::span<WriteDesc> out, uint32_t* units);
   // A local write or send completion; false when it belonged to no live transfer.
-  bool on_local_done(uint64_t ctx, const Status& st);
+  bool on_local_done(uint64_t ctx, const Status& st, uint32_t count = 1);
   void maybe_finish(uint32_t idx);
   void finish(Slot& s, Status st);
   void signal(OnDone on_done, Status st);

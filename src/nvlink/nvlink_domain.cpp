@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -33,10 +34,16 @@ namespace {
 constexpr uint64_t kCopyEngineMin = 4 << 20;
 constexpr uint32_t kBatches = 32;        // launches in flight
 constexpr uint32_t kMaxBatchOps = 4096;  // ops per launch
-// A batch is launched once it is this big, or when poll() runs without a
-// post since the last poll (the worker has nothing more to add right now).
-constexpr uint32_t kFlushOps = 512;
+// A batch is launched once it is this big, when poll() runs without a post
+// since the last poll (the worker has nothing more to add right now), or at
+// once when the GPU has nothing else of ours to do (a lone small write should
+// not wait for a worker iteration).
+constexpr uint32_t kFlushOps = 1024;
 constexpr uint64_t kFlushBytes = 16 << 20;
+// Worker feeding (core::DomainInfo): a launch covers as many pages as the
+// worker hands over, so hand over several transfers' worth per iteration.
+constexpr uint32_t kPostBudget = 4096;
+constexpr uint32_t kMaxOutstanding = 16384;
 
 std::string cuda_msg(cudaError_t e) {
   return fmt::format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
@@ -143,11 +150,17 @@ class NvlinkDomain final : public core::Domain {
     uint64_t last_rkey = 0;
     Target* last = nullptr;
   };
+  // A run of writes of one transfer (same ctx, peer and immediate): the pages
+  // of a paged write become one item, one completion and one mailbox run.
   struct Item {
     uint64_t ctx;
     uint32_t peer;
     uint32_t imm;
     bool has_imm;
+    uint32_t count = 1;
+    bool same_run(const Item& o) const {
+      return ctx == o.ctx && peer == o.peer && imm == o.imm && has_imm == o.has_imm;
+    }
   };
   struct Done {
     Item item;
@@ -168,6 +181,19 @@ class NvlinkDomain final : public core::Domain {
   }
   void flush();
   void fail_batch(Batch& b, const Status& s);
+  static void add_item(std::vector<Item>& items, const Item& it) {
+    if (!items.empty() && items.back().same_run(it) && items.back().count < UINT32_MAX / 2)
+      items.back().count++;
+    else
+      items.push_back(it);
+  }
+  void add_done(const Item& it, Status st) {
+    if (!done_.empty() && st.is_ok() && done_.back().status.is_ok() &&
+        done_.back().item.same_run(it) && done_.back().item.count < UINT32_MAX / 2 - it.count)
+      done_.back().item.count += it.count;
+    else
+      done_.push_back({it, std::move(st)});
+  }
   std::string peer_name(const Peer& p) const {
     return fmt::format("pid {} cuda:{}", p.addr.pid, p.addr.device);
   }
@@ -187,6 +213,9 @@ class NvlinkDomain final : public core::Domain {
   std::vector<std::unique_ptr<Peer>> peers_;
   std::unordered_map<std::string, core::PeerId> peer_ids_;
   std::deque<Done> done_;  // finished locally; immediates not yet pushed
+  // Immediates taken from our mailbox but not yet reported (poll's `out` was full).
+  std::array<uint32_t, 256> inbox_{};
+  size_t inbox_pos_ = 0, inbox_len_ = 0;
 };
 
 std::unique_ptr<core::Domain> NvlinkDomain::open(const core::DomainOptions& options,
@@ -245,6 +274,8 @@ std::unique_ptr<core::Domain> NvlinkDomain::open(const core::DomainOptions& opti
   d->info_.provider = "nvlink";
   d->info_.fabric = "nvlink";
   d->info_.max_msg_size = ~0ull;
+  d->info_.post_budget = kPostBudget;
+  d->info_.max_outstanding = kMaxOutstanding;
   d->info_.transport = Transport::kNvlink;
   core::log().info("ferry nvlink: opened {} (segment {})", d->info_.name, d->self_.shm_name);
   set_error(error, Status::ok());
@@ -470,7 +501,7 @@ core::PostResult NvlinkDomain::post_writes(std::span<const core::WriteDesc> writ
       return {i, Status(Code::kInvalidArgument,
                         fmt::format("nvlink {}: unknown peer id {}", info_.name, w.peer))};
     Peer& p = *peers_[w.peer];
-    const Item item{w.ctx, uint32_t(w.peer), w.imm, w.has_imm};
+    const Item item{w.ctx, uint32_t(w.peer), w.imm, w.has_imm, 1};
     Status err;
     Target* t = resolve(p, w.rkey, &err);
     if (t == nullptr) return {i, err};
@@ -482,7 +513,7 @@ core::PostResult NvlinkDomain::post_writes(std::span<const core::WriteDesc> writ
                                     info_.name, w.len, w.remote_addr, t->reg_ptr, t->len,
                                     peer_name(p)))};
     if (w.len == 0) {  // immediate only: no data to wait for
-      done_.push_back({item, Status::ok()});
+      add_done(item, Status::ok());
       continue;
     }
     uint8_t* dst = t->base + off;
@@ -509,14 +540,15 @@ core::PostResult NvlinkDomain::post_writes(std::span<const core::WriteDesc> writ
         b->ops[b->nops++] = CopyOp{src + o, d + o, std::min(kMaxOpBytes, w.len - o)};
     }
     b->bytes += w.len;
-    b->items.push_back(item);
+    add_item(b->items, item);
     if (b->nops >= kFlushOps || b->bytes >= kFlushBytes) flush();
   }
+  if (issued_ == 0) flush();  // the GPU is idle: waiting would only add latency
   return {writes.size(), Status::ok()};
 }
 
 void NvlinkDomain::fail_batch(Batch& b, const Status& s) {
-  for (const Item& it : b.items) done_.push_back({it, s});
+  for (const Item& it : b.items) add_done(it, s);
   b.items.clear();
   b.nops = 0;
   b.bytes = 0;
@@ -549,7 +581,7 @@ size_t NvlinkDomain::poll(std::span<core::Completion> out) {
     const cudaError_t e = cudaEventQuery(b.event);
     if (e == cudaErrorNotReady) break;
     if (e == cudaSuccess) {
-      for (const Item& it : b.items) done_.push_back({it, Status::ok()});
+      for (const Item& it : b.items) add_done(it, Status::ok());
       b.items.clear();
       b.nops = 0;
       b.bytes = 0;
@@ -570,48 +602,50 @@ size_t NvlinkDomain::poll(std::span<core::Completion> out) {
     if (d.status.is_ok() && d.item.has_imm) {
       Peer* p = d.item.peer < peers_.size() ? peers_[d.item.peer].get() : nullptr;
       if (p != nullptr) {
-        // A run of immediates for one peer goes in one reservation: pages of
-        // one paged write complete together.
-        uint32_t run[64];
-        size_t k = 0;
-        const size_t max = std::min(std::size(run), out.size() - n);
-        for (auto it = done_.begin(); it != done_.end() && k < max; ++it) {
-          if (!it->status.is_ok() || !it->item.has_imm || it->item.peer != d.item.peer) break;
-          run[k++] = it->item.imm;
-        }
+        // The run's immediates go into the peer's mailbox in reservations of
+        // up to 256; each reservation completes that many writes at once.
+        uint32_t run[256];
+        const size_t k = std::min<size_t>(std::size(run), d.item.count);
+        std::fill_n(run, k, d.item.imm);
         const size_t pushed = p->shm->push_imms(std::span(run, k));
         if (pushed == 0) break;  // its mailbox is full: retry on the next poll
-        for (size_t i = 0; i < pushed; ++i) {
-          core::Completion& c = out[n++];
-          c = core::Completion{};
-          c.kind = core::Completion::Kind::kWrite;
-          c.ctx = done_.front().item.ctx;
-          done_.pop_front();
-        }
+        core::Completion& c = out[n++];
+        c = core::Completion{};
+        c.kind = core::Completion::Kind::kWrite;
+        c.ctx = d.item.ctx;
+        c.count = uint32_t(pushed);
+        d.item.count -= uint32_t(pushed);
+        if (d.item.count == 0) done_.pop_front();
         continue;
       }
-      {
-        d.status = Status(Code::kUnavailable, fmt::format("nvlink {}: peer removed before its "
-                                                          "immediate could be delivered",
-                                                          info_.name));
-      }
+      d.status = Status(Code::kUnavailable, fmt::format("nvlink {}: peer removed before its "
+                                                        "immediate could be delivered",
+                                                        info_.name));
     }
     core::Completion& c = out[n++];
     c = core::Completion{};
     c.kind = core::Completion::Kind::kWrite;
     c.ctx = d.item.ctx;
+    c.count = d.item.count;
     c.status = std::move(d.status);
     done_.pop_front();
   }
-  if (n < out.size()) {
-    uint32_t imms[64];
-    const size_t k = shm_->pop_imms(std::span(imms, std::min(out.size() - n, std::size(imms))));
-    for (size_t i = 0; i < k; ++i) {
-      core::Completion& c = out[n++];
-      c = core::Completion{};
-      c.kind = core::Completion::Kind::kRemoteImm;
-      c.imm = imms[i];
+  // Incoming immediates, equal neighbours counted as one entry: the pages of
+  // a paged write arrive as a run and cost one counter update.
+  while (n < out.size()) {
+    if (inbox_pos_ == inbox_len_) {
+      inbox_pos_ = 0;
+      inbox_len_ = shm_->pop_imms(std::span(inbox_));
+      if (inbox_len_ == 0) break;
     }
+    size_t j = inbox_pos_ + 1;
+    while (j < inbox_len_ && inbox_[j] == inbox_[inbox_pos_]) ++j;
+    core::Completion& c = out[n++];
+    c = core::Completion{};
+    c.kind = core::Completion::Kind::kRemoteImm;
+    c.imm = inbox_[inbox_pos_];
+    c.count = uint32_t(j - inbox_pos_);
+    inbox_pos_ = j;
   }
   return n;
 }

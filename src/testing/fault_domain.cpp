@@ -39,7 +39,8 @@ constexpr size_t kPollScratch = 64;
 
 struct GlobalStats {
   std::atomic<uint64_t> completions{0}, delayed{0}, held_back{0}, short_posts{0}, split_writes{0},
-      split_pieces{0}, failed_completions{0}, failed_posts{0}, stale_delivered{0}, stale_dropped{0};
+      split_pieces{0}, failed_completions{0}, failed_posts{0}, stale_delivered{0}, stale_dropped{0},
+      coalesced{0};
 };
 GlobalStats& global_stats() {
   static GlobalStats g;
@@ -94,6 +95,8 @@ Status parse_fault_spec(std::string_view spec, FaultSpec* out) {
       ok = parse_prob(val, &s.reorder);
     else if (key == "eagain")
       ok = parse_prob(val, &s.eagain);
+    else if (key == "coalesce")
+      ok = parse_prob(val, &s.coalesce);
     else if (key == "split")
       ok = parse_prob(val, &s.split);
     else if (key == "fail")
@@ -102,8 +105,8 @@ Status parse_fault_spec(std::string_view spec, FaultSpec* out) {
       ok = parse_prob(val, &s.stale);
     else
       return bad(key,
-                 "unknown (known: seed, delay_us, reorder, eagain, split, fail, stale, "
-                 "stale_us)");
+                 "unknown (known: seed, delay_us, reorder, eagain, coalesce, split, fail, "
+                 "stale, stale_us)");
     if (!ok) {
       bool dur = key == "seed" || key == "delay_us" || key == "stale_us";
       return bad(key,
@@ -128,6 +131,7 @@ FaultStats process_fault_stats() {
   s.failed_posts = g.failed_posts.load();
   s.stale_delivered = g.stale_delivered.load();
   s.stale_dropped = g.stale_dropped.load();
+  s.coalesced = g.coalesced.load();
   return s;
 }
 
@@ -155,6 +159,7 @@ FaultDomain::~FaultDomain() {
   g.failed_completions += stats_.failed_completions;
   g.failed_posts += stats_.failed_posts;
   g.stale_delivered += stats_.stale_delivered;
+  g.coalesced += stats_.coalesced;
   g.stale_dropped += stats_.stale_dropped + stale_.size();
 }
 
@@ -413,8 +418,9 @@ size_t FaultDomain::release(std::span<core::Completion> out) {
   held_.resize(keep);
   if (spec_.reorder > 0)
     for (size_t i = ready_.size(); i > 1; --i) std::swap(ready_[i - 1], ready_[below(i)]);
-  size_t n = std::min(out.size(), ready_.size());
-  for (size_t i = 0; i < n; ++i) {
+  const size_t take = std::min(out.size(), ready_.size());
+  size_t n = 0;
+  for (size_t i = 0; i < take; ++i) {
     core::Completion& c = ready_[i];
     const bool local =
         c.kind == core::Completion::Kind::kWrite || c.kind == core::Completion::Kind::kSend;
@@ -425,10 +431,21 @@ size_t FaultDomain::release(std::span<core::Completion> out) {
       }
       stale_.push_back(Stale{c, t + spec_.stale_us * 1000});
     }
-    out[i] = std::move(c);
+    // coalesce: report a run the way batching domains (NVLink) do, one entry
+    // with a count for equal neighbours.
+    if (n > 0 && spec_.coalesce > 0 && c.status.is_ok() && out[n - 1].status.is_ok() &&
+        out[n - 1].kind == c.kind && out[n - 1].count < UINT32_MAX - c.count &&
+        ((c.kind == core::Completion::Kind::kRemoteImm && out[n - 1].imm == c.imm) ||
+         (c.kind == core::Completion::Kind::kWrite && out[n - 1].ctx == c.ctx)) &&
+        chance(spec_.coalesce)) {
+      out[n - 1].count += c.count;
+      stats_.coalesced++;
+      continue;
+    }
+    out[n++] = std::move(c);
   }
   // Due but no room: they stay due and leave first next time.
-  for (size_t i = n; i < ready_.size(); ++i) held_.push_back(Held{std::move(ready_[i]), t});
+  for (size_t i = take; i < ready_.size(); ++i) held_.push_back(Held{std::move(ready_[i]), t});
   ready_.clear();
   // Duplicates whose transfer has ended, oldest first.
   for (size_t i = 0; i < stale_.size() && n < out.size();) {

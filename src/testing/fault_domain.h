@@ -20,6 +20,10 @@
 //   eagain=P     with probability P a post_writes/post_send/post_recv call
 //                accepts fewer requests than asked (possibly none) and returns
 //                OK: -FI_EAGAIN back-pressure (default 0).
+//   coalesce=P   with probability P a completion handed up merges into the one
+//                before it in the same poll when both are successful local
+//                writes of one ctx or remote immediates of one value: one
+//                entry with a count, as batching domains (NVLink) report runs.
 //   split=P      with probability P a write of more than 1 byte is posted as
 //                2-4 pieces without immediate; once every piece completed
 //                locally a zero-byte write carries the immediate (if any), and
@@ -63,6 +67,7 @@ struct FaultSpec {
   uint64_t delay_us = 0;
   double reorder = 0;
   double eagain = 0;
+  double coalesce = 0;
   double split = 0;
   double fail = 0;
   double stale = 0;
@@ -86,6 +91,7 @@ struct FaultStats {
   uint64_t failed_posts = 0;        // post calls failed
   uint64_t stale_delivered = 0;     // stale duplicates handed up
   uint64_t stale_dropped = 0;       // duplicates dropped (never eligible, queue full)
+  uint64_t coalesced = 0;           // completions merged into their neighbour (coalesce)
 };
 FaultStats process_fault_stats();
 

@@ -250,6 +250,38 @@ TEST(FaultDomain, ReorderShufflesButLosesAndInventsNothing) {
   for (uint32_t i = 0; i < 1000; ++i) ASSERT_EQ(a[i], i);  // each exactly once
 }
 
+TEST(FaultDomain, CoalesceMergesRunsButKeepsEveryCount) {
+  Rig r("seed=4,coalesce=1");
+  // 100 immediates of 3 values in runs, 50 writes of 2 transfers, one failure.
+  std::map<uint32_t, uint64_t> want_imm;
+  for (uint32_t i = 0; i < 100; ++i) {
+    r.fake->remote_imm(i / 10 % 3);
+    want_imm[i / 10 % 3]++;
+  }
+  for (uint32_t i = 0; i < 50; ++i) r.fake->writes.push_back(write(8, ectx(1, i < 30 ? 0 : 1)));
+  for (size_t i = 0; i < 50; ++i)
+    r.fake->complete(i, i == 40 ? Status(Code::kUnavailable, "x") : Status());
+  std::map<uint32_t, uint64_t> got_imm;
+  std::map<uint64_t, uint64_t> got_ok;
+  size_t entries = 0, failed = 0;
+  for (auto& c : r.poll_all()) {
+    ++entries;
+    ASSERT_GE(c.count, 1u);
+    if (c.kind == Completion::Kind::kRemoteImm) got_imm[c.imm] += c.count;
+    if (c.kind == Completion::Kind::kWrite && c.status.is_ok()) got_ok[c.ctx] += c.count;
+    if (!c.status.is_ok()) {
+      EXPECT_EQ(c.count, 1u);  // an error is never folded into a success
+      ++failed;
+    }
+  }
+  EXPECT_EQ(got_imm, want_imm);
+  EXPECT_EQ(got_ok[ectx(1, 0)], 30u);
+  EXPECT_EQ(got_ok[ectx(1, 1)], 19u);
+  EXPECT_EQ(failed, 1u);
+  EXPECT_LT(entries, 40u);  // runs were merged
+  EXPECT_GT(r.dom->stats().coalesced, 100u);
+}
+
 TEST(FaultDomain, NicIndexChangesTheStream) {
   auto run = [](size_t nic) {
     Rig r("reorder=1,seed=5", nic);

@@ -70,5 +70,51 @@ TEST(ImmTable, UncountedImmediatesReachPlainCallbacks) {
   EXPECT_EQ(sum.load(), 11u);
 }
 
+// Domains that finish writes in batches report a run of equal immediates as
+// one arrival with a count; every consumer must see the same as n single ones.
+TEST(ImmTable, RunsOfArrivalsCountLikeSingles) {
+  ImmTable t(nullptr);
+  CallbackThread cb(&t, -1);
+  t.set_callbacks(&cb);
+  auto c = t.counter(1);
+  t.on_arrival(1, 1024);
+  t.on_arrival(1, 0);
+  EXPECT_EQ(c.value(), 1024);
+
+  // expect(): one callback per multiple crossed, runs straddling multiples.
+  std::atomic<int> fired{0};
+  t.expect(2, 10, [&] { fired.fetch_add(1); });
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 4; ++w)
+    workers.emplace_back([&, w] {
+      for (int i = 0; i < 1000; ++i) t.on_arrival(2, uint32_t(1 + (i + w) % 7));
+    });
+  for (auto& w : workers) w.join();
+  uint64_t total = 0;
+  for (int w = 0; w < 4; ++w)
+    for (int i = 0; i < 1000; ++i) total += uint64_t(1 + (i + w) % 7);
+
+  std::atomic<uint32_t> plain{0};
+  t.add_plain_callback([&](uint32_t imm) {
+    if (imm == 3) plain.fetch_add(1);
+  });
+  t.on_arrival(3, 5);
+  cb.stop();
+  EXPECT_EQ(fired.load(), int(total / 10));
+  EXPECT_EQ(plain.load(), 5u);  // plain callbacks still see each immediate
+}
+
+TEST(ImmTable, GpuFlagAdvancesToTheLastGenerationARunCrosses) {
+  ImmTable t(nullptr);
+  alignas(4) uint32_t flag = 0;
+  t.expect_gpu_flag(4, 8, &flag, nullptr);
+  t.on_arrival(4, 7);
+  EXPECT_EQ(flag, 0u);
+  t.on_arrival(4, 1);
+  EXPECT_EQ(flag, 1u);
+  t.on_arrival(4, 20);  // 28 arrivals: generation 3
+  EXPECT_EQ(flag, 3u);
+}
+
 }  // namespace
 }  // namespace ferry::core
