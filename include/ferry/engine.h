@@ -43,9 +43,22 @@ struct EngineConfig {
   static EngineConfig from_topology(const std::vector<int>& gpus, size_t nics_per_gpu,
                                     std::string provider = "");
 
-  // libfabric provider: "efa", "tcp;ofi_rxm", "shm", ... Empty = the
-  // FERRY_PROVIDER environment variable, else "efa". Never silently replaced.
+  // Which NIC family: "verbs" (ferry's libibverbs domain: ConnectX over
+  // InfiniBand or RoCE), "nvlink" (GPUs of one host), or a libfabric provider
+  // ("efa", "tcp;ofi_rxm", "shm", ...). "auto" picks at start-up: "verbs" when
+  // libibverbs lists a device with an ACTIVE port that is not EFA, else "efa"
+  // when libfabric reports it, else the constructor throws kUnavailable
+  // listing what it probed; the choice and its reason are logged at info and
+  // provider() returns it. Empty = the FERRY_PROVIDER environment variable
+  // (which may say "auto"), else "auto". A named provider is never silently
+  // replaced.
   std::string provider;
+  // Provider "verbs" only: the GID table index every NIC uses (`show_gids`
+  // lists them). -1 = FERRY_VERBS_GID_INDEX if set, else automatic (on RoCE
+  // the RoCEv2 GID of the interface's IP address, on InfiniBand index 0). An
+  // index that names no populated entry fails start-up with kInvalidArgument
+  // naming the NIC and the index.
+  int verbs_gid_index = -1;
   std::vector<GroupConfig> groups = {GroupConfig{}};
   size_t nics_per_group = 1;  // used when a group names no NICs
   PollMode poll_mode = PollMode::kAdaptive;

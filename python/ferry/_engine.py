@@ -149,8 +149,10 @@ class TransferEngine:
     """RDMA-style transfers (one-sided writes with 32-bit immediates, send/recv).
 
     Args:
-        provider: libfabric provider ("efa", "tcp;ofi_rxm", "shm", ...). None uses the
-            FERRY_PROVIDER environment variable, else "efa".
+        provider: "verbs" (ConnectX), "nvlink", or a libfabric provider ("efa",
+            "tcp;ofi_rxm", "shm", ...). "auto" picks "verbs" when an RDMA NIC other
+            than EFA has an active port, else "efa" if libfabric reports it, else
+            raises. None uses the FERRY_PROVIDER environment variable, else "auto".
         nics: NIC (libfabric domain) names of the host group, e.g. ["lo"] for tcp or
             ["shm"]; None takes the first `nics_per_group` domains the provider reports.
             Naming a NIC twice opens two endpoints on it.
@@ -233,7 +235,7 @@ class TransferEngine:
 
     @property
     def provider(self) -> str:
-        """The libfabric provider in use."""
+        """The provider in use ("auto" resolved)."""
         return self._e.provider
 
     @property

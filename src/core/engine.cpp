@@ -10,6 +10,7 @@
 #include "core/callback_thread.h"
 #include "core/imm_table.h"
 #include "core/log.h"
+#include "core/provider_select.h"
 #include "core/worker.h"
 #include "cuda/watcher.h"
 #include "ferry/engine.h"
@@ -228,8 +229,22 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   auto& im = *impl_;
   if (config.provider.empty()) {
     const char* env = std::getenv("FERRY_PROVIDER");
-    config.provider = env && *env ? env : "efa";
+    config.provider = env && *env ? env : core::kAutoProvider;
   }
+  if (config.provider == core::kAutoProvider) {
+    const core::ProviderChoice choice = core::resolve_auto_provider();
+    if (!choice.error.is_ok()) throw Error(choice.error);
+    core::log().info("provider auto -> {} ({})", choice.provider, choice.reason);
+    config.provider = choice.provider;
+  }
+  if (config.verbs_gid_index < -1)
+    throw Error(Code::kInvalidArgument,
+                fmt::format("EngineConfig: verbs_gid_index {} (-1 = automatic, else a GID table "
+                            "index)",
+                            config.verbs_gid_index));
+  if (config.verbs_gid_index >= 0 && config.provider != "verbs")
+    core::log().warn("EngineConfig::verbs_gid_index {} ignored: provider is '{}'",
+                     config.verbs_gid_index, config.provider);
   if (config.fault_injection.empty()) {
     const char* env = std::getenv("FERRY_FAULT_INJECTION");
     if (env && *env) config.fault_injection = env;

@@ -180,6 +180,7 @@ Status Worker::open_nics() {
     opt.nic_index = group_.nic_names.empty() ? i : 0;
     opt.position = i;
     opt.device = group_.device;
+    opt.gid_index = cfg.verbs_gid_index;
     opt.fault_injection = cfg.fault_injection;
     Status err;
     auto d = open_domain(opt, &err);

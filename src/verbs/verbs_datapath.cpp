@@ -245,6 +245,37 @@ void VerbsDomain::on_ud_recv(uint32_t index, const ibv_wc& wc) {
   hs_datagram(*m, HsClock::now());
 }
 
+bool VerbsDomain::handle_wc(const ibv_wc& wc, core::Completion* out) {
+  const WcOutcome o = tracker_->on_wc(wc, out);
+  switch (o.kind) {
+    case WrKind::kWrite:
+    case WrKind::kSend:
+      if (o.slot_found && o.owner < qps_.size() && qps_[o.owner].outstanding > 0) {
+        --qps_[o.owner].outstanding;
+      }
+      break;
+    case WrKind::kRmaRecv:
+      if (o.repost && !post_rma_recv(o.index)) {
+        core::log().warn("verbs NIC '{}': could not re-post immediate receive {}", res_->nic_name,
+                         o.index);
+      }
+      break;
+    case WrKind::kUdRecv:
+      if (o.ud_payload) on_ud_recv(o.index, wc);
+      if (o.repost) post_ud_recv(o.index);
+      break;
+    case WrKind::kUdSend:
+      if (o.index >= kUdRecvs && o.index < kUdRecvs + kUdSends) {
+        ud_send_free_[ud_send_free_count_++] = o.index;
+      }
+      break;
+    case WrKind::kRecv:
+    case WrKind::kNone:
+      break;
+  }
+  return o.emit;
+}
+
 size_t VerbsDomain::poll(std::span<core::Completion> out) {
   if (retired_ > 0) reap_retired();
   if (connecting_ > 0) {
@@ -255,6 +286,11 @@ size_t VerbsDomain::poll(std::span<core::Completion> out) {
     }
   }
   size_t n = 0;
+  if (stashed_ && !out.empty()) {
+    // Taken by can_block; older than anything still in the CQ.
+    stashed_ = false;
+    if (handle_wc(stashed_wc_, &out[n])) ++n;
+  }
   while (n < out.size()) {
     ibv_wc wcs[kPollBatch];
     // Each CQE yields at most one Completion: never take more than fits.
@@ -268,39 +304,47 @@ size_t VerbsDomain::poll(std::span<core::Completion> out) {
       break;
     }
     for (int i = 0; i < got; ++i) {
-      const ibv_wc& wc = wcs[i];
-      const WcOutcome o = tracker_->on_wc(wc, &out[n]);
-      switch (o.kind) {
-        case WrKind::kWrite:
-        case WrKind::kSend:
-          if (o.slot_found && o.owner < qps_.size() && qps_[o.owner].outstanding > 0) {
-            --qps_[o.owner].outstanding;
-          }
-          break;
-        case WrKind::kRmaRecv:
-          if (o.repost && !post_rma_recv(o.index)) {
-            core::log().warn("verbs NIC '{}': could not re-post immediate receive {}",
-                             res_->nic_name, o.index);
-          }
-          break;
-        case WrKind::kUdRecv:
-          if (o.ud_payload) on_ud_recv(o.index, wc);
-          if (o.repost) post_ud_recv(o.index);
-          break;
-        case WrKind::kUdSend:
-          if (o.index >= kUdRecvs && o.index < kUdRecvs + kUdSends) {
-            ud_send_free_[ud_send_free_count_++] = o.index;
-          }
-          break;
-        case WrKind::kRecv:
-        case WrKind::kNone:
-          break;
-      }
-      if (o.emit) ++n;
+      if (handle_wc(wcs[i], &out[n])) ++n;
     }
     if (got < want) break;  // drained
   }
   return n;
+}
+
+bool VerbsDomain::can_block() {
+  if (!channel_ || stashed_) return false;
+  // The raw calls CqNotify sequences (verbs_notify.h).
+  struct Ops {
+    VerbsDomain& d;
+    bool get_event() {
+      ibv_cq* cq = nullptr;
+      void* cq_ctx = nullptr;
+      if (ibv_get_cq_event(d.channel_.get(), &cq, &cq_ctx) == 0) return true;
+      if (errno != EAGAIN && errno != EWOULDBLOCK && !d.channel_failure_logged_) {
+        d.channel_failure_logged_ = true;
+        core::log().warn("verbs NIC '{}': ibv_get_cq_event failed: {}", d.res_->nic_name,
+                         std::strerror(errno));
+      }
+      return false;
+    }
+    void ack(uint32_t n) { ibv_ack_cq_events(d.cq_.get(), n); }
+    int arm() {
+      const int ret = ibv_req_notify_cq(d.cq_.get(), 0);
+      if (ret != 0 && !d.channel_failure_logged_) {
+        d.channel_failure_logged_ = true;
+        core::log().warn("verbs NIC '{}': ibv_req_notify_cq failed: {}", d.res_->nic_name,
+                         std::strerror(ret));
+      }
+      return ret;
+    }
+    bool poll_one() {
+      const int got = ibv_poll_cq(d.cq_.get(), 1, &d.stashed_wc_);
+      d.stashed_ = got > 0;
+      return got != 0;  // an error: do not block, let poll() report it
+    }
+  };
+  Ops ops{*this};
+  return notify_.can_block(ops);
 }
 
 }  // namespace ferry::verbs

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "verbs/verbs_domain.h"
 #include "verbs/verbs_handles.h"
 
 namespace ferry::verbs {
@@ -201,11 +203,112 @@ int choose_gid_index(std::span<const GidEntry> table, std::span<const Gid> netde
   return table.front().index;
 }
 
+GidChoice choose_gid(const std::string& nic, int port, std::span<const GidEntry> table,
+                     std::span<const Gid> netdev_ips, bool ethernet, int option_index,
+                     int env_index) {
+  GidChoice c;
+  const int explicit_index = option_index >= 0 ? option_index : env_index;
+  if (explicit_index >= 0) {
+    c.source = option_index >= 0 ? "EngineConfig::verbs_gid_index" : "FERRY_VERBS_GID_INDEX";
+    for (const auto& e : table) {
+      if (e.index != explicit_index) continue;
+      c.index = e.index;
+      return c;
+    }
+    std::string populated;
+    for (const auto& e : table) {
+      populated += fmt::format("{}{}", populated.empty() ? "" : ", ", e.index);
+    }
+    c.error = Status(Code::kInvalidArgument,
+                     fmt::format("verbs NIC '{}' port {}: GID index {} ({}) names no populated "
+                                 "GID entry (populated: {})",
+                                 nic, port, explicit_index, c.source,
+                                 populated.empty() ? "none readable in sysfs" : populated));
+    return c;
+  }
+  c.source = "automatic";
+  std::string why;
+  c.index = choose_gid_index(table, netdev_ips, ethernet, -1, &why);
+  if (c.index >= 0) return c;
+  if (!ethernet) {
+    c.index = 0;  // InfiniBand without a readable sysfs table: the port GID
+    return c;
+  }
+  c.error = Status(Code::kFailedPrecondition,
+                   fmt::format("verbs NIC '{}' port {}: no usable GID: {}", nic, port, why));
+  return c;
+}
+
 int env_gid_index() {
   return env_int("FERRY_VERBS_GID_INDEX", 0, 0xFFFF);
 }
 int env_port() {
   return env_int("FERRY_VERBS_PORT", 1, 255);
+}
+
+std::string strip_enum_number(std::string_view text) {
+  const size_t colon = text.find(':');
+  if (colon != std::string_view::npos && colon > 0 &&
+      std::all_of(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(colon),
+                  [](char c) { return c >= '0' && c <= '9'; })) {
+    text.remove_prefix(colon + 1);
+  }
+  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  return std::string(text);
+}
+
+core::RdmaDevice read_rdma_device(const std::string& root, const std::string& dev) {
+  namespace fs = std::filesystem;
+  core::RdmaDevice d;
+  d.name = dev;
+  const fs::path dir = fs::path(root) / dev;
+  d.node_type = strip_enum_number(read_line(dir / "node_type").value_or(""));
+  d.vendor = read_line(dir / "device" / "vendor").value_or("");
+  std::error_code ec;
+  const fs::path driver = fs::read_symlink(dir / "device" / "driver", ec);
+  if (!ec) d.driver = driver.filename().string();
+  for (const auto& e : fs::directory_iterator(dir / "ports", ec)) {
+    const std::string name = e.path().filename().string();
+    char* end = nullptr;
+    const long n = std::strtol(name.c_str(), &end, 10);
+    if (end == name.c_str() || *end != '\0' || n < 1 || n > 255) continue;
+    core::RdmaPort p;
+    p.number = static_cast<int>(n);
+    p.state = strip_enum_number(read_line(e.path() / "state").value_or(""));
+    p.link_layer = read_line(e.path() / "link_layer").value_or("");
+    d.ports.push_back(std::move(p));
+  }
+  std::sort(d.ports.begin(), d.ports.end(),
+            [](const core::RdmaPort& a, const core::RdmaPort& b) { return a.number < b.number; });
+  return d;
+}
+
+std::vector<std::string> ibv_device_names(std::string* note) {
+  std::vector<std::string> out;
+  int n = 0;
+  errno = 0;
+  DeviceListPtr list(ibv_get_device_list(&n));
+  if (!list) {
+    *note = fmt::format("no devices (ibv_get_device_list failed: {})",
+                        std::strerror(errno != 0 ? errno : ENODEV));
+    return out;
+  }
+  for (int i = 0; i < n; ++i) out.emplace_back(ibv_get_device_name(list.get()[i]));
+  if (out.empty()) *note = "ibv_get_device_list returned 0 devices";
+  return out;
+}
+
+std::vector<core::RdmaDevice> describe_rdma_devices(const std::string& root,
+                                                    const std::vector<std::string>& names) {
+  std::vector<core::RdmaDevice> out;
+  out.reserve(names.size());
+  for (const auto& n : names) out.push_back(read_rdma_device(root, n));
+  return out;
+}
+
+std::vector<core::RdmaDevice> probe_verbs_devices(const std::string& sysfs_root,
+                                                  std::string* note) {
+  return describe_rdma_devices(sysfs_root, ibv_device_names(note));
 }
 
 std::vector<VerbsNicInfo> list_verbs_nics() {

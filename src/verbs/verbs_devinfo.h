@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/provider_select.h"
+
 namespace ferry::verbs {
 
 using Gid = std::array<uint8_t, 16>;
@@ -43,7 +45,7 @@ Gid ipv4_mapped_gid(uint32_t ipv4_host_order);
 std::vector<Gid> netdev_gids(const std::string& ifname);
 
 // The GID index to use on a port.
-//  - override_index >= 0 (FERRY_VERBS_GID_INDEX): that entry, if it exists.
+//  - override_index >= 0 (an explicit index): that entry, if it exists.
 //  - InfiniBand: index 0 (the port GID; traffic is LID-routed).
 //  - Ethernet (RoCE): the RoCEv2 GID whose address is one of the netdev's IPs,
 //    IPv4 before global IPv6; then any RoCEv2 IPv4 / global GID; then any
@@ -52,6 +54,23 @@ std::vector<Gid> netdev_gids(const std::string& ifname);
 // Returns -1 with *why set when the table has nothing usable.
 int choose_gid_index(std::span<const GidEntry> table, std::span<const Gid> netdev_ips,
                      bool ethernet, int override_index, std::string* why);
+
+// The GID a domain uses, and where the index came from. The explicit index
+// is DomainOptions::gid_index (EngineConfig::verbs_gid_index) when >= 0, else
+// FERRY_VERBS_GID_INDEX when set, else the automatic choice above.
+struct GidChoice {
+  int index = -1;
+  std::string source;  // "EngineConfig::verbs_gid_index", "FERRY_VERBS_GID_INDEX", "automatic"
+  // kInvalidArgument: the explicit index names no populated entry (the message
+  // names the NIC, port, index, its source and the populated indices);
+  // kFailedPrecondition: a RoCE port with no usable GID.
+  Status error;
+};
+// InfiniBand with an unreadable table and no explicit index gets 0 (the port
+// GID, LID-routed traffic); an explicit index is never taken unchecked.
+GidChoice choose_gid(const std::string& nic, int port, std::span<const GidEntry> table,
+                     std::span<const Gid> netdev_ips, bool ethernet, int option_index,
+                     int env_index);
 
 // Environment overrides, validated: -1 when unset or unparsable.
 int env_gid_index();
@@ -66,5 +85,21 @@ struct VerbsNicInfo {
 
 // Devices with an active port, in ibv_get_device_list order.
 std::vector<VerbsNicInfo> list_verbs_nics();
+
+// --- provider "auto" (core/provider_select.h)
+
+// "4: ACTIVE" -> "ACTIVE", "1: CA" -> "CA" (sysfs prefixes enum values with
+// their number); text without a prefix is returned as is.
+std::string strip_enum_number(std::string_view text);
+// Reads <root>/<dev>/{node_type,device/driver,device/vendor} and every
+// ports/<n>/{state,link_layer}; ports sorted by number. Missing files leave
+// fields empty (soft-RoCE has no device/driver).
+core::RdmaDevice read_rdma_device(const std::string& root, const std::string& dev);
+// Device names libibverbs lists (ibv_get_device_list; no device is opened).
+// *note says why the list is empty.
+std::vector<std::string> ibv_device_names(std::string* note);
+// The devices named, described from the sysfs tree at root.
+std::vector<core::RdmaDevice> describe_rdma_devices(const std::string& root,
+                                                    const std::vector<std::string>& names);
 
 }  // namespace ferry::verbs

@@ -1,6 +1,7 @@
 // verbs Domain control path: open, memory registration, peers, RC QP state
 // transitions and the driver of the per-peer handshake machines.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <unistd.h>
 
@@ -184,21 +185,23 @@ std::unique_ptr<core::Domain> VerbsDomain::open(const core::DomainOptions& optio
     const auto g = netdev_gids(nd);
     ips.insert(ips.end(), g.begin(), g.end());
   }
-  std::string why;
-  int gid_index = choose_gid_index(table, ips, d->ethernet_, env_gid_index(), &why);
-  if (gid_index < 0) {
-    if (d->ethernet_ || env_gid_index() >= 0) {
-      set_error(error,
-                Status(Code::kFailedPrecondition,
-                       fmt::format("verbs NIC '{}' port {}: no usable GID: {}", nic, port, why)));
-      return nullptr;
-    }
-    gid_index = 0;  // InfiniBand without a readable sysfs table: the port GID
+  const GidChoice gc =
+      choose_gid(nic, port, table, ips, d->ethernet_, options.gid_index, env_gid_index());
+  if (!gc.error.is_ok()) {
+    core::log().warn("ferry verbs: {}", gc.error.message());
+    set_error(error, gc.error);
+    return nullptr;
   }
+  const int gid_index = gc.index;
   d->gid_index_ = gid_index;
   ibv_gid gid{};
+  errno = 0;
   if (const int ret = ibv_query_gid(ctx, d->port_, gid_index, &gid); ret != 0) {
-    set_error(error, verbs_failure(Code::kUnavailable, nic, "ibv_query_gid", ret));
+    set_error(error, verbs_failure(Code::kUnavailable, nic,
+                                   fmt::format("ibv_query_gid(port {}, index {} ({}))", port,
+                                               gid_index, gc.source)
+                                       .c_str(),
+                                   ret > 0 ? ret : (errno != 0 ? errno : EINVAL)));
     return nullptr;
   }
 
@@ -243,10 +246,11 @@ std::unique_ptr<core::Domain> VerbsDomain::open(const core::DomainOptions& optio
   d->info_.transport = Transport::kVerbs;
 
   core::log().info(
-      "ferry verbs: opened {} port {} ({}, lid {}, gid index {} {}, mtu {}, {} Gb/s), ud qpn "
-      "{:#x}, thread domain {}, cq {}, incarnation {:#x}",
-      nic, port, d->info_.fabric, pattr.lid, gid_index, d->local_.ud.brief(), mtu_name(d->mtu_),
-      d->info_.link_speed_bps / 1'000'000'000, d->local_.ud.qpn, td_note, kCqDepth,
+      "ferry verbs: opened {} port {} ({}, lid {}, gid index {} ({}) {}, mtu {}, {} Gb/s), ud "
+      "qpn {:#x}, thread domain {}, cq {}, completion channel {}, incarnation {:#x}",
+      nic, port, d->info_.fabric, pattr.lid, gid_index, gc.source, d->local_.ud.brief(),
+      mtu_name(d->mtu_), d->info_.link_speed_bps / 1'000'000'000, d->local_.ud.qpn, td_note,
+      kCqDepth, d->channel_ ? fmt::format("fd {}", d->channel_->fd) : std::string("none"),
       d->local_.incarnation);
   set_error(error, Status::ok());
   return d;
@@ -255,7 +259,24 @@ std::unique_ptr<core::Domain> VerbsDomain::open(const core::DomainOptions& optio
 Status VerbsDomain::open_queues() {
   const std::string& nic = res_->nic_name;
   ibv_context* ctx = res_->ctx.get();
-  cq_.reset(ibv_create_cq(ctx, kCqDepth, nullptr, nullptr, 0));
+  // Completion channel for adaptive polling. Optional: without one the
+  // worker naps between polls instead of blocking on the fd.
+  channel_.reset(ibv_create_comp_channel(ctx));
+  if (!channel_) {
+    core::log().warn(
+        "verbs NIC '{}': ibv_create_comp_channel failed: {}; adaptive polling "
+        "naps instead of blocking",
+        nic, std::strerror(errno));
+  } else if (const int flags = fcntl(channel_->fd, F_GETFL);
+             flags < 0 || fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    // can_block drains the channel: a blocking ibv_get_cq_event would hang.
+    core::log().warn(
+        "verbs NIC '{}': cannot make the completion channel non-blocking: {}; "
+        "adaptive polling naps instead of blocking",
+        nic, std::strerror(errno));
+    channel_.reset();
+  }
+  cq_ = CqPtr(ibv_create_cq(ctx, kCqDepth, nullptr, channel_.get(), 0), CqDeleter{&notify_});
   if (!cq_) return verbs_failure(Code::kUnavailable, nic, "ibv_create_cq", errno);
   // Credits never exceed what we asked for, even if the CQ came out larger.
   tracker_ = std::make_unique<CompletionTracker>(nic, kCqDepth, kCqDepth);

@@ -94,6 +94,12 @@ class VerbsDomain final : public core::Domain {
   core::PostResult post_recv(void* buf, size_t len, void* local_desc, uint64_t ctx) override;
   size_t poll(std::span<core::Completion> out) override;
 
+  // Adaptive polling: the completion channel's fd (-1 without a channel);
+  // can_block drains and acks channel events, arms the CQ and polls once
+  // (CqNotify); a CQE found then is kept for the next poll.
+  int wait_fd() override { return channel_ ? channel_->fd : -1; }
+  bool can_block() override;
+
  private:
   struct QpSlot {
     QpPtr qp;
@@ -140,9 +146,16 @@ class VerbsDomain final : public core::Domain {
   Peer* ready_peer(core::PeerId id, Status* error);
   Status post_error(const char* call, int ret) const;
   void on_ud_recv(uint32_t index, const ibv_wc& wc);
+  // One CQE: bookkeeping, re-posts, handshake; true when *out was filled.
+  bool handle_wc(const ibv_wc& wc, core::Completion* out);
 
   // Declared first: released last, after every QP, SRQ, CQ and AH below.
   std::shared_ptr<VerbsResources> res_;
+  // Optional (null: no blocking wait, the worker naps instead). Destroyed
+  // after the CQ attached to it; notify_ outlives cq_, whose deleter acks the
+  // events still unacked.
+  CompChannelPtr channel_;
+  CqNotify notify_;
   CqPtr cq_;
   SrqPtr msg_srq_;
   SrqPtr rma_srq_;
@@ -178,6 +191,10 @@ class VerbsDomain final : public core::Domain {
   size_t retired_ = 0;     // qps_ entries in ERR awaiting their last completions
   HsClock::time_point next_tick_{};
   bool cq_failure_logged_ = false;
+  // A CQE polled by can_block after arming, handed out by the next poll.
+  ibv_wc stashed_wc_{};
+  bool stashed_ = false;
+  bool channel_failure_logged_ = false;
 };
 
 }  // namespace ferry::verbs

@@ -1,8 +1,9 @@
 // RAII owners for libibverbs objects, declared in the order a domain opens
-// them (device list, context, PD, TD, parent domain, CQ, SRQ, QP, AH, MR).
+// them (device list, context, PD, TD, parent domain, completion channel, CQ,
+// SRQ, QP, AH, MR).
 // Members holding them must be declared in the same order so that they are
 // destroyed in reverse: a QP before its SRQ and CQ, everything before the PD,
-// the PD before the context.
+// the PD before the context, the CQ before its completion channel.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -11,6 +12,7 @@
 #include <memory>
 
 #include "core/log.h"
+#include "verbs/verbs_notify.h"
 
 namespace ferry::verbs {
 
@@ -40,8 +42,21 @@ struct TdDeleter {
     log_destroy_failure("ibv_dealloc_td", ibv_dealloc_td(t));
   }
 };
+struct CompChannelDeleter {
+  void operator()(ibv_comp_channel* c) const noexcept {
+    log_destroy_failure("ibv_destroy_comp_channel", ibv_destroy_comp_channel(c));
+  }
+};
+// A CQ attached to a completion channel carries the channel's bookkeeping:
+// ibv_destroy_cq blocks until every event taken with ibv_get_cq_event is
+// acked, so the events not acked yet are acked first. The CqNotify must
+// outlive the CQ (declare it before the CqPtr).
 struct CqDeleter {
+  CqNotify* notify = nullptr;
   void operator()(ibv_cq* c) const noexcept {
+    if (notify != nullptr) {
+      if (const uint32_t n = notify->take_unacked(); n > 0) ibv_ack_cq_events(c, n);
+    }
     log_destroy_failure("ibv_destroy_cq", ibv_destroy_cq(c));
   }
 };
@@ -70,6 +85,7 @@ using DeviceListPtr = std::unique_ptr<ibv_device*, DeviceListDeleter>;
 using ContextPtr = std::unique_ptr<ibv_context, ContextDeleter>;
 using PdPtr = std::unique_ptr<ibv_pd, PdDeleter>;
 using TdPtr = std::unique_ptr<ibv_td, TdDeleter>;
+using CompChannelPtr = std::unique_ptr<ibv_comp_channel, CompChannelDeleter>;
 using CqPtr = std::unique_ptr<ibv_cq, CqDeleter>;
 using SrqPtr = std::unique_ptr<ibv_srq, SrqDeleter>;
 using QpPtr = std::unique_ptr<ibv_qp, QpDeleter>;

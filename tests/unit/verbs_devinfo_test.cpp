@@ -93,6 +93,52 @@ TEST(VerbsDevinfo, OverrideAndInfiniband) {
   EXPECT_EQ(choose_gid_index(ib, {}, false, -1, &why), 0);
 }
 
+TEST(VerbsDevinfo, GidIndexOptionIsValidatedAgainstTheTable) {
+  const auto t = roce_table();
+  const std::vector<Gid> ips = {ipv4_mapped_gid(0x0a000102)};
+  // Automatic: the RoCEv2 GID of the netdev's IPv4 address.
+  GidChoice c = choose_gid("mlx5_0", 1, t, ips, true, -1, -1);
+  ASSERT_TRUE(c.error.is_ok()) << c.error.message();
+  EXPECT_EQ(c.index, 3);
+  EXPECT_EQ(c.source, "automatic");
+  // The option (EngineConfig::verbs_gid_index) wins over the environment.
+  c = choose_gid("mlx5_0", 1, t, ips, true, 5, 4);
+  EXPECT_EQ(c.index, 5);
+  EXPECT_EQ(c.source, "EngineConfig::verbs_gid_index");
+  // The environment is the fallback.
+  c = choose_gid("mlx5_0", 1, t, ips, true, -1, 4);
+  EXPECT_EQ(c.index, 4);
+  EXPECT_EQ(c.source, "FERRY_VERBS_GID_INDEX");
+  // An explicit RoCEv1 entry is taken as asked.
+  c = choose_gid("mlx5_0", 1, t, ips, true, 0, -1);
+  EXPECT_EQ(c.index, 0);
+  // An index the table lacks: a typed error naming NIC, port, index, source.
+  c = choose_gid("mlx5_0", 1, t, ips, true, 9, -1);
+  EXPECT_EQ(c.index, -1);
+  EXPECT_EQ(c.error.code(), Code::kInvalidArgument);
+  EXPECT_EQ(c.error.message(),
+            "verbs NIC 'mlx5_0' port 1: GID index 9 (EngineConfig::verbs_gid_index) names no "
+            "populated GID entry (populated: 0, 1, 2, 3, 4, 5, 6)");
+  c = choose_gid("mlx5_1", 2, t, ips, true, -1, 7);
+  EXPECT_EQ(c.error.code(), Code::kInvalidArgument);
+  EXPECT_NE(c.error.message().find("'mlx5_1' port 2: GID index 7 (FERRY_VERBS_GID_INDEX)"),
+            std::string::npos)
+      << c.error.message();
+  // Never taken unchecked, even on InfiniBand with an unreadable table.
+  c = choose_gid("mlx5_0", 1, {}, {}, false, 1, -1);
+  EXPECT_EQ(c.error.code(), Code::kInvalidArgument);
+  EXPECT_NE(c.error.message().find("none readable in sysfs"), std::string::npos)
+      << c.error.message();
+  // InfiniBand, table unreadable, automatic: the port GID.
+  c = choose_gid("mlx5_0", 1, {}, {}, false, -1, -1);
+  EXPECT_TRUE(c.error.is_ok());
+  EXPECT_EQ(c.index, 0);
+  // RoCE with nothing usable.
+  c = choose_gid("mlx5_0", 1, {}, {}, true, -1, -1);
+  EXPECT_EQ(c.error.code(), Code::kFailedPrecondition);
+  EXPECT_NE(c.error.message().find("no usable GID"), std::string::npos) << c.error.message();
+}
+
 void write_file(const fs::path& p, const std::string& s) {
   fs::create_directories(p.parent_path());
   std::ofstream(p) << s << "\n";

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/provider_select.h"
 #include "ferry/status.h"
 #include "ferry/version.h"
 #include "topo/topology.h"
@@ -128,6 +129,8 @@ struct EngineView {
   std::string default_provider;
   std::string default_source;  // "FERRY_PROVIDER" or "built-in default"
   bool default_available = false;
+  std::string auto_provider;  // what "auto" resolves to here; empty if nothing / not probed
+  std::string auto_reason;    // its reason, or the error listing what was probed
   std::string suggested_provider;
   bool suggested_available = false;
   bool probed = false;
@@ -145,8 +148,14 @@ EngineView engine_view(const Topology& t, const std::vector<ProviderProbe>& prob
   EngineView v;
   v.probed = probed;
   const char* env = std::getenv("FERRY_PROVIDER");
-  v.default_provider = env && *env ? env : "efa";
+  v.default_provider = env && *env ? env : ferry::core::kAutoProvider;
   v.default_source = env && *env ? "FERRY_PROVIDER" : "built-in default";
+  if (probed && v.default_provider == ferry::core::kAutoProvider) {
+    const ferry::core::ProviderChoice c = ferry::core::resolve_auto_provider();
+    v.auto_provider = c.provider;
+    v.auto_reason = c.error.is_ok() ? c.reason : c.error.message();
+    v.default_available = c.error.is_ok();
+  }
   v.suggested_provider = provider_for(t.fabric_kind);
   const ProviderProbe* suggested = nullptr;
   for (const auto& p : probes) {
@@ -298,7 +307,12 @@ void print_text(std::ostream& os, const std::string& root, const Topology& t,
 
   os << "\nDefault engine\n";
   os << "  EngineConfig provider: " << ev.default_provider << " (" << ev.default_source << ")";
-  if (ev.probed) os << (ev.default_available ? ", available" : ", NOT available here");
+  if (ev.probed && !ev.auto_reason.empty()) {
+    os << (ev.default_available ? " -> " + ev.auto_provider : ", NOT available here") << " ("
+       << ev.auto_reason << ")";
+  } else if (ev.probed) {
+    os << (ev.default_available ? ", available" : ", NOT available here");
+  }
   os << "\n  topology suggests:     " << ev.suggested_provider;
   if (ev.probed) os << (ev.suggested_available ? ", available" : ", NOT available here");
   os << "\n";
@@ -479,6 +493,7 @@ std::string to_json(const std::string& root, const Topology& t,
   j.key("default_provider").str(ev.default_provider).key("default_source").str(ev.default_source);
   j.key("probed").boolean(ev.probed);
   j.key("default_available").boolean(ev.default_available);
+  j.key("auto_provider").str(ev.auto_provider).key("auto_reason").str(ev.auto_reason);
   j.key("suggested_provider").str(ev.suggested_provider);
   j.key("suggested_available").boolean(ev.suggested_available);
   j.key("groups").begin_arr();

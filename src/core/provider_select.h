@@ -1,0 +1,83 @@
+// Provider "auto": which Domain family an engine opens when the user named
+// none. The decision is a pure function of what was probed (RDMA devices as
+// libibverbs lists them, described from sysfs; whether libfabric reports
+// efa), so it is tested on fixtures without a NIC. The probes themselves
+// live with their families (verbs/verbs_devinfo, fabric/fabric_devinfo) and
+// are wired together by core::resolve_auto_provider (provider_probe.cpp).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ferry/status.h"
+
+namespace ferry::core {
+
+inline constexpr const char* kAutoProvider = "auto";
+
+struct RdmaPort {
+  int number = 0;          // 1-based, as in ports/<n>
+  std::string state;       // "ACTIVE", "DOWN", "INIT", ... (ports/<n>/state without "4: ")
+  std::string link_layer;  // "InfiniBand", "Ethernet" (ports/<n>/link_layer)
+  bool active() const { return state == "ACTIVE"; }
+};
+
+// One device libibverbs lists ("mlx5_0", "rdmap16s27", "rxe0").
+struct RdmaDevice {
+  std::string name;
+  std::string driver;     // basename of device/driver: "mlx5_core", "efa"; empty if none
+  std::string vendor;     // device/vendor: "0x15b3" (Mellanox), "0x1d0f" (Amazon); may be empty
+  std::string node_type;  // node_type without the number: "CA", "RNIC", "unspecified"
+  std::vector<RdmaPort> ports;
+};
+
+// EFA appears in libibverbs too, but ferry reaches it only through
+// libfabric's "efa" provider (SRD, not RC): such a device never selects
+// "verbs".
+bool is_efa_device(const RdmaDevice& d);
+
+// What the auto probe found. `efa` is unset when it was not probed (a verbs
+// device was chosen first).
+struct ProviderProbe {
+  std::vector<RdmaDevice> verbs_devices;
+  std::string verbs_note;  // e.g. "libibverbs listed 0 devices", or a failure
+  std::optional<bool> efa;
+  std::string efa_note;  // e.g. "fi_getinfo(efa): 2 domains", "fi_getinfo(efa): no domain"
+};
+
+struct ProviderChoice {
+  std::string provider;  // "verbs" or "efa"; empty when `error` is set
+  std::string reason;    // "mlx5_0 port 1 ACTIVE, Ethernet (RoCE), driver mlx5_core"
+  Status error;          // kUnavailable, listing everything probed
+};
+
+// The first device (libibverbs order) that is not EFA and has an ACTIVE
+// port, as a "verbs" choice; nullopt when none qualifies.
+std::optional<ProviderChoice> choose_verbs(const std::vector<RdmaDevice>& devices);
+
+// The decision: "verbs" when choose_verbs finds a device, else "efa" when
+// libfabric reports it, else kUnavailable naming every device and why it
+// was passed over.
+ProviderChoice choose_provider(const ProviderProbe& probe);
+
+// The probes, injectable for tests.
+struct ProviderProbes {
+  // libibverbs' device list described from sysfs; sets *note.
+  std::function<std::vector<RdmaDevice>(std::string* note)> verbs;
+  // fi_getinfo reports the efa provider; sets *note.
+  std::function<bool(std::string* note)> efa;
+};
+
+// Runs the verbs probe, and the efa probe only when no verbs device
+// qualifies; then choose_provider.
+ProviderChoice resolve_provider(const ProviderProbes& probes);
+
+// Provider "auto" on this host: libibverbs' devices described from the sysfs
+// tree at sysfs_root, then (only if no verbs device qualifies) fi_getinfo for
+// efa. In its own translation unit (provider_probe.cpp): it pulls in both
+// NIC families.
+ProviderChoice resolve_auto_provider(const std::string& sysfs_root = "/sys/class/infiniband");
+
+}  // namespace ferry::core

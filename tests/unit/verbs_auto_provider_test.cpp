@@ -1,0 +1,301 @@
+// Provider "auto": the decision on fixture inputs, the sysfs description of
+// RDMA devices on a fixture tree, and the engine's use of it on this host.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/provider_select.h"
+#include "ferry/engine.h"
+#include "verbs/verbs_devinfo.h"
+
+namespace ferry::verbs {
+namespace {
+
+namespace fs = std::filesystem;
+using core::ProviderChoice;
+using core::ProviderProbe;
+using core::RdmaDevice;
+using core::RdmaPort;
+
+RdmaDevice connectx(const std::string& name, std::vector<RdmaPort> ports) {
+  return {name, "mlx5_core", "0x15b3", "CA", std::move(ports)};
+}
+RdmaDevice efa_dev(const std::string& name) {
+  return {name, "efa", "0x1d0f", "unspecified", {{1, "ACTIVE", "Unspecified"}}};
+}
+
+TEST(VerbsAutoProvider, ConnectXWithActivePortSelectsVerbs) {
+  ProviderProbe p;
+  p.verbs_devices = {connectx("mlx5_0", {{1, "ACTIVE", "Ethernet"}})};
+  p.efa = true;  // even with efa present: a ConnectX port wins
+  const ProviderChoice c = core::choose_provider(p);
+  ASSERT_TRUE(c.error.is_ok()) << c.error.message();
+  EXPECT_EQ(c.provider, "verbs");
+  EXPECT_EQ(c.reason, "mlx5_0 port 1 ACTIVE, Ethernet (RoCE), driver mlx5_core");
+}
+
+TEST(VerbsAutoProvider, FirstActivePortOfTheFirstQualifyingDevice) {
+  ProviderProbe p;
+  p.verbs_devices = {efa_dev("rdmap16s27"),
+                     connectx("mlx5_0", {{1, "DOWN", "InfiniBand"}, {2, "ACTIVE", "InfiniBand"}}),
+                     connectx("mlx5_1", {{1, "ACTIVE", "InfiniBand"}})};
+  const ProviderChoice c = core::choose_provider(p);
+  EXPECT_EQ(c.provider, "verbs");
+  EXPECT_EQ(c.reason, "mlx5_0 port 2 ACTIVE, InfiniBand, driver mlx5_core");
+}
+
+TEST(VerbsAutoProvider, OnlyEfaIbverbsDevicesSelectEfa) {
+  // EFA shows up in libibverbs, but must go through libfabric "efa".
+  ProviderProbe p;
+  p.verbs_devices = {efa_dev("rdmap16s27"), efa_dev("rdmap32s27")};
+  p.efa = true;
+  p.efa_note = "fi_getinfo(efa): 2 domains (rdmap16s27-rdm, ...)";
+  const ProviderChoice c = core::choose_provider(p);
+  ASSERT_TRUE(c.error.is_ok()) << c.error.message();
+  EXPECT_EQ(c.provider, "efa");
+  EXPECT_NE(c.reason.find("fi_getinfo(efa): 2 domains"), std::string::npos) << c.reason;
+  EXPECT_NE(c.reason.find("rdmap16s27: EFA (driver efa)"), std::string::npos) << c.reason;
+  // Recognised by the Amazon PCI vendor alone too (driver link unreadable).
+  RdmaDevice d = efa_dev("rdmap16s27");
+  d.driver.clear();
+  EXPECT_TRUE(core::is_efa_device(d));
+  EXPECT_FALSE(core::choose_verbs({d}));
+}
+
+TEST(VerbsAutoProvider, EfaOnlyIbverbsWithoutLibfabricEfaIsAnError) {
+  ProviderProbe p;
+  p.verbs_devices = {efa_dev("rdmap16s27")};
+  p.efa = false;
+  p.efa_note = "fi_getinfo(efa): no domain";
+  const ProviderChoice c = core::choose_provider(p);
+  EXPECT_EQ(c.error.code(), Code::kUnavailable);
+  EXPECT_TRUE(c.provider.empty());
+}
+
+TEST(VerbsAutoProvider, NothingFoundIsUnavailableListingWhatWasProbed) {
+  ProviderProbe p;
+  p.verbs_note = "ibv_get_device_list returned 0 devices";
+  p.efa = false;
+  p.efa_note = "fi_getinfo(efa): no domain";
+  const ProviderChoice c = core::choose_provider(p);
+  EXPECT_EQ(c.error.code(), Code::kUnavailable);
+  const std::string& m = c.error.message();
+  EXPECT_NE(m.find("provider auto"), std::string::npos) << m;
+  EXPECT_NE(m.find("ibv_get_device_list returned 0 devices"), std::string::npos) << m;
+  EXPECT_NE(m.find("fi_getinfo(efa): no domain"), std::string::npos) << m;
+  EXPECT_NE(m.find("FERRY_PROVIDER"), std::string::npos) << m;
+}
+
+TEST(VerbsAutoProvider, ConnectXWithEveryPortDownIsNotVerbs) {
+  ProviderProbe p;
+  p.verbs_devices = {
+      connectx("mlx5_0", {{1, "DOWN", "Ethernet"}, {2, "DOWN", "Ethernet"}}),
+      connectx("mlx5_1", {{1, "INIT", "InfiniBand"}}),
+      connectx("mlx5_2", {}),
+  };
+  EXPECT_FALSE(core::choose_verbs(p.verbs_devices));
+  p.efa = false;
+  const ProviderChoice c = core::choose_provider(p);
+  EXPECT_EQ(c.error.code(), Code::kUnavailable);
+  const std::string& m = c.error.message();
+  EXPECT_NE(m.find("mlx5_0: no ACTIVE port (port 1 DOWN, port 2 DOWN)"), std::string::npos) << m;
+  EXPECT_NE(m.find("mlx5_1: no ACTIVE port (port 1 INIT)"), std::string::npos) << m;
+  EXPECT_NE(m.find("mlx5_2: no ports"), std::string::npos) << m;
+  // ... and with libfabric efa present, efa is chosen instead.
+  p.efa = true;
+  EXPECT_EQ(core::choose_provider(p).provider, "efa");
+}
+
+TEST(VerbsAutoProvider, EfaIsProbedOnlyWhenNoVerbsDeviceQualifies) {
+  int efa_calls = 0;
+  core::ProviderProbes probes;
+  probes.verbs = [](std::string*) {
+    return std::vector<RdmaDevice>{connectx("mlx5_0", {{1, "ACTIVE", "Ethernet"}})};
+  };
+  probes.efa = [&efa_calls](std::string* note) {
+    ++efa_calls;
+    *note = "fi_getinfo(efa): 1 domain";
+    return true;
+  };
+  EXPECT_EQ(core::resolve_provider(probes).provider, "verbs");
+  EXPECT_EQ(efa_calls, 0);
+  probes.verbs = [](std::string* note) {
+    *note = "ibv_get_device_list returned 0 devices";
+    return std::vector<RdmaDevice>{};
+  };
+  const ProviderChoice c = core::resolve_provider(probes);
+  EXPECT_EQ(c.provider, "efa");
+  EXPECT_EQ(efa_calls, 1);
+  EXPECT_NE(c.reason.find("ibv_get_device_list returned 0 devices"), std::string::npos) << c.reason;
+}
+
+void write_file(const fs::path& p, const std::string& s) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p) << s << "\n";
+}
+
+// /sys/class/infiniband as on a host with a ConnectX (one port up), a second
+// ConnectX with both ports down, an EFA device and a soft-RoCE device (no
+// PCI parent: no device/driver).
+fs::path make_fixture() {
+  const fs::path root = fs::path(testing::TempDir()) / "ferry_auto_sysfs";
+  fs::remove_all(root);
+  const fs::path drivers = root / "drivers";
+  fs::create_directories(drivers / "mlx5_core");
+  fs::create_directories(drivers / "efa");
+  const auto dev = [&](const std::string& name, const char* driver, const char* vendor,
+                       const char* node_type) {
+    const fs::path d = root / name;
+    write_file(d / "node_type", node_type);
+    if (driver != nullptr) {
+      fs::create_directories(d / "device");
+      fs::create_directory_symlink(drivers / driver, d / "device" / "driver");
+      write_file(d / "device" / "vendor", vendor);
+    }
+    return d;
+  };
+  fs::path d = dev("mlx5_0", "mlx5_core", "0x15b3", "1: CA");
+  write_file(d / "ports" / "1" / "state", "4: ACTIVE");
+  write_file(d / "ports" / "1" / "link_layer", "Ethernet");
+  d = dev("mlx5_1", "mlx5_core", "0x15b3", "1: CA");
+  for (const char* p : {"2", "1"}) {
+    write_file(d / "ports" / p / "state", "1: DOWN");
+    write_file(d / "ports" / p / "link_layer", "InfiniBand");
+  }
+  write_file(d / "ports" / "not-a-port" / "state", "4: ACTIVE");
+  d = dev("rdmap16s27", "efa", "0x1d0f", "7: unspecified");
+  write_file(d / "ports" / "1" / "state", "4: ACTIVE");
+  write_file(d / "ports" / "1" / "link_layer", "Unspecified");
+  d = dev("rxe0", nullptr, nullptr, "1: CA");
+  write_file(d / "ports" / "1" / "state", "4: ACTIVE");
+  write_file(d / "ports" / "1" / "link_layer", "Ethernet");
+  return root;
+}
+
+TEST(VerbsAutoProvider, DescribesDevicesFromSysfs) {
+  EXPECT_EQ(strip_enum_number("4: ACTIVE"), "ACTIVE");
+  EXPECT_EQ(strip_enum_number("1: CA"), "CA");
+  EXPECT_EQ(strip_enum_number("ACTIVE"), "ACTIVE");
+  EXPECT_EQ(strip_enum_number("fe80:0000"), "fe80:0000");  // not a number prefix
+
+  const fs::path root = make_fixture();
+  const auto devs =
+      describe_rdma_devices(root.string(), {"rdmap16s27", "mlx5_1", "mlx5_0", "rxe0", "gone"});
+  ASSERT_EQ(devs.size(), 5u);
+  EXPECT_EQ(devs[0].driver, "efa");
+  EXPECT_EQ(devs[0].vendor, "0x1d0f");
+  EXPECT_EQ(devs[0].node_type, "unspecified");
+  EXPECT_TRUE(core::is_efa_device(devs[0]));
+  ASSERT_EQ(devs[1].ports.size(), 2u);
+  EXPECT_EQ(devs[1].ports[0].number, 1);
+  EXPECT_EQ(devs[1].ports[1].number, 2);
+  EXPECT_EQ(devs[1].ports[0].state, "DOWN");
+  EXPECT_EQ(devs[1].ports[0].link_layer, "InfiniBand");
+  EXPECT_EQ(devs[2].driver, "mlx5_core");
+  EXPECT_EQ(devs[2].node_type, "CA");
+  ASSERT_EQ(devs[2].ports.size(), 1u);
+  EXPECT_TRUE(devs[2].ports[0].active());
+  EXPECT_TRUE(devs[3].driver.empty());
+  EXPECT_FALSE(core::is_efa_device(devs[3]));
+  EXPECT_TRUE(devs[4].ports.empty());
+
+  // In libibverbs order: EFA skipped, mlx5_1 down, mlx5_0 chosen.
+  ProviderProbe p;
+  p.verbs_devices = devs;
+  EXPECT_EQ(core::choose_provider(p).reason,
+            "mlx5_0 port 1 ACTIVE, Ethernet (RoCE), driver mlx5_core");
+  // Only the EFA device and the downed ConnectX: not verbs.
+  p.verbs_devices = describe_rdma_devices(root.string(), {"rdmap16s27", "mlx5_1"});
+  EXPECT_FALSE(core::choose_verbs(p.verbs_devices));
+  p.efa = true;
+  EXPECT_EQ(core::choose_provider(p).provider, "efa");
+  // Soft-RoCE is an RC-capable verbs device.
+  p.verbs_devices = describe_rdma_devices(root.string(), {"rxe0"});
+  EXPECT_EQ(core::choose_provider(p).reason, "rxe0 port 1 ACTIVE, Ethernet (RoCE)");
+  fs::remove_all(root);
+}
+
+// Sets or clears an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+EngineConfig shm_groups() {
+  EngineConfig c;
+  c.groups[0].nic_names = {"shm"};
+  c.groups[0].insist = true;
+  return c;
+}
+
+TEST(VerbsAutoProvider, EngineResolvesAutoOnThisHost) {
+  const ProviderChoice host = core::resolve_auto_provider();
+  ScopedEnv env("FERRY_PROVIDER", nullptr);
+  for (const char* provider : {"auto", ""}) {  // empty means auto
+    EngineConfig c;
+    c.provider = provider;
+    if (!host.error.is_ok()) {
+      try {
+        TransferEngine e(c);
+        ADD_FAILURE() << "engine started without any RDMA provider";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), Code::kUnavailable);
+        EXPECT_NE(std::string(e.what()).find("provider auto"), std::string::npos) << e.what();
+      }
+      continue;
+    }
+    // A host with ConnectX or EFA: the engine opens what was chosen.
+    TransferEngine e(c);
+    EXPECT_EQ(e.provider(), host.provider);
+  }
+}
+
+TEST(VerbsAutoProvider, FerryProviderEnvironmentWinsOverAuto) {
+  ScopedEnv env("FERRY_PROVIDER", "shm");
+  EngineConfig c = shm_groups();
+  c.provider = "";
+  TransferEngine e(c);
+  EXPECT_EQ(e.provider(), "shm");
+}
+
+TEST(VerbsAutoProvider, GidIndexKnobIsCheckedByTheEngine) {
+  EngineConfig c = shm_groups();
+  c.provider = "shm";
+  c.verbs_gid_index = -2;
+  try {
+    TransferEngine e(c);
+    ADD_FAILURE() << "verbs_gid_index -2 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("verbs_gid_index"), std::string::npos) << e.what();
+  }
+  c.verbs_gid_index = 3;  // not verbs: ignored with a warning
+  TransferEngine e(c);
+  EXPECT_EQ(e.provider(), "shm");
+}
+
+}  // namespace
+}  // namespace ferry::verbs
