@@ -37,7 +37,7 @@ void CallbackThread::dispatch(CallbackEvent& ev) {
     } else if (auto* c = std::get_if<ImmCountEvent>(&ev)) {
       if (c->entry->cb) c->entry->cb();
     } else if (auto* p = std::get_if<PlainImmEvent>(&ev)) {
-      imms_->run_plain_callbacks(p->imm);
+      for (uint32_t i = 0; i < p->count; ++i) imms_->run_plain_callbacks(p->imm);
     } else if (auto* k = std::get_if<TaskEvent>(&ev)) {
       if (k->fn) k->fn();
     }

@@ -28,6 +28,7 @@ struct ImmCountEvent {
 };
 struct PlainImmEvent {
   uint32_t imm;
+  uint32_t count = 1;  // plain callbacks run once per immediate
 };
 // Runs an arbitrary function (receive delivery, re-posting hooks).
 struct TaskEvent {

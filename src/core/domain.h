@@ -7,6 +7,7 @@
 // Nothing here blocks.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -35,6 +36,9 @@ struct DomainInfo {
   // wants them large, or it only ever sees a fraction of one transfer.
   uint32_t post_budget = 64;
   uint32_t max_outstanding = 1024;
+  // The worker hands paged writes over as page lists (post_paged) instead of one
+  // WriteDesc per page: for domains whose per-page work is cheaper done in bulk.
+  bool native_paged = false;
 };
 
 // A registration on one NIC. Destroying it deregisters.
@@ -53,6 +57,26 @@ struct WriteDesc {
   void* local_desc = nullptr;
   PeerId peer = 0;
   uint64_t remote_addr = 0;
+  uint64_t rkey = 0;
+  uint32_t imm = 0;
+  bool has_imm = false;
+  uint64_t ctx = 0;
+};
+
+// A run of pages of one paged write: page k copies page_len bytes from
+// src + src_idx[k] * src_stride to remote_base + dst_idx[k] * dst_stride. The
+// index arrays stay valid until every page of the run has completed.
+struct PagedDesc {
+  const uint8_t* src = nullptr;
+  uint64_t src_stride = 0;
+  const uint32_t* src_idx = nullptr;
+  uint64_t remote_base = 0;
+  uint64_t dst_stride = 0;
+  const uint32_t* dst_idx = nullptr;
+  uint32_t count = 0;
+  uint64_t page_len = 0;
+  void* local_desc = nullptr;
+  PeerId peer = 0;
   uint64_t rkey = 0;
   uint32_t imm = 0;
   bool has_imm = false;
@@ -103,6 +127,36 @@ class Domain {
 
   // Post writes in order until one would block or fails.
   virtual PostResult post_writes(std::span<const WriteDesc> writes) = 0;
+  // Post a prefix of p's pages, as post_writes would post them one by one (one
+  // completion per page, or runs of them). Called only when info().native_paged;
+  // this default spells the pages out for domains that set it without overriding.
+  virtual PostResult post_paged(const PagedDesc& p) {
+    PostResult total;
+    WriteDesc batch[64];
+    for (uint32_t k = 0; k < p.count;) {
+      const uint32_t n = std::min<uint32_t>(64, p.count - k);
+      for (uint32_t i = 0; i < n; ++i) {
+        WriteDesc& w = batch[i];
+        w.src = p.src + uint64_t(p.src_idx[k + i]) * p.src_stride;
+        w.len = p.page_len;
+        w.local_desc = p.local_desc;
+        w.peer = p.peer;
+        w.remote_addr = p.remote_base + uint64_t(p.dst_idx[k + i]) * p.dst_stride;
+        w.rkey = p.rkey;
+        w.imm = p.imm;
+        w.has_imm = p.has_imm;
+        w.ctx = p.ctx;
+      }
+      PostResult r = post_writes(std::span(batch, n));
+      total.posted += r.posted;
+      k += uint32_t(r.posted);
+      if (r.posted < n) {
+        total.error = std::move(r.error);
+        break;
+      }
+    }
+    return total;
+  }
   virtual PostResult post_send(PeerId peer, const void* buf, size_t len, void* local_desc,
                                uint64_t ctx) = 0;
   virtual PostResult post_recv(void* buf, size_t len, void* local_desc, uint64_t ctx) = 0;

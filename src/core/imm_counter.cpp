@@ -90,8 +90,8 @@ void ImmTable::on_arrival(uint32_t imm, uint32_t n) {
   auto it = map_.find(imm);
   if (it == map_.end()) {
     lk.unlock();
-    // Plain callbacks see every immediate, one event each.
-    for (uint32_t i = 0; i < n; ++i) callbacks_->push(PlainImmEvent{imm});
+    // Plain callbacks still see every immediate: the event carries the count.
+    callbacks_->push(PlainImmEvent{imm, n});
     return;
   }
   if (it->second.counter) {

@@ -609,15 +609,41 @@ bool Worker::progress_posts() {
         --budget;
         continue;
       }
-      size_t want = std::min({budget, max_outstanding - nic.outstanding, kPostsPerCall});
-      size_t n = fill_writes(s, c, k, std::span(batch, want), units);
-      auto r = n ? nic.domain->post_writes(std::span(batch, n)) : PostResult{};
+      size_t n = 0;
+      PostResult r;
+      auto* paged = std::get_if<PagedReq>(&s.req);
+      if (paged && infos_[k].native_paged) {
+        // Hand the run over as page lists: the domain does the per-page work.
+        n = std::min({budget, max_outstanding - nic.outstanding, size_t(c.shard.end - c.next)});
+        const auto& d = paged->dst.nics[k];
+        PagedDesc p;
+        p.src = paged->src->ptr + paged->src_pages.offset;
+        p.src_stride = paged->src_pages.stride;
+        p.src_idx = paged->src_pages.indices.data() + c.next;
+        p.remote_base = d.base + paged->dst_pages.offset;
+        p.dst_stride = paged->dst_pages.stride;
+        p.dst_idx = paged->dst_pages.indices.data() + c.next;
+        p.count = uint32_t(n);
+        p.page_len = paged->page_len;
+        p.local_desc = s.src_desc[k];
+        p.peer = s.peer[k];
+        p.rkey = d.rkey;
+        p.imm = paged->imm.value_or(0);
+        p.has_imm = paged->imm.has_value();
+        p.ctx = make_ctx(kTagWrite, s.gen, c.slot);
+        r = nic.domain->post_paged(p);
+        c.next += uint32_t(std::min(r.posted, n));
+      } else {
+        size_t want = std::min({budget, max_outstanding - nic.outstanding, kPostsPerCall});
+        n = fill_writes(s, c, k, std::span(batch, want), units);
+        r = n ? nic.domain->post_writes(std::span(batch, n)) : PostResult{};
+        if (r.posted < n) c.next = units[r.posted];  // resume at the first write not taken
+      }
       did |= r.posted > 0;
       s.posted += r.posted;
       nic.outstanding += r.posted;
       budget -= std::min(budget, r.posted);
       if (r.posted < n) {
-        c.next = units[r.posted];  // resume at the first write not taken
         if (!r.error.is_ok()) {
           if (r.error.code() == Code::kUnavailable)
             if (const NetAddr* a = failed_peer(s.req, k)) mark_dead(*a, r.error);

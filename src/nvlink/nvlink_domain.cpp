@@ -124,6 +124,7 @@ class NvlinkDomain final : public core::Domain {
   core::PeerId add_peer(std::span<const uint8_t> raw, Status* error) override;
   void remove_peer(core::PeerId peer) override;
   core::PostResult post_writes(std::span<const core::WriteDesc> writes) override;
+  core::PostResult post_paged(const core::PagedDesc& pd) override;
   core::PostResult post_send(core::PeerId, const void*, size_t, void*, uint64_t) override {
     return {0, Status(Code::kUnimplemented,
                       "nvlink: two-sided send/recv is not implemented; use a fabric group")};
@@ -182,8 +183,9 @@ class NvlinkDomain final : public core::Domain {
   void flush();
   void fail_batch(Batch& b, const Status& s);
   static void add_item(std::vector<Item>& items, const Item& it) {
-    if (!items.empty() && items.back().same_run(it) && items.back().count < UINT32_MAX / 2)
-      items.back().count++;
+    if (!items.empty() && items.back().same_run(it) &&
+        items.back().count < UINT32_MAX / 2 - it.count)
+      items.back().count += it.count;
     else
       items.push_back(it);
   }
@@ -276,6 +278,7 @@ std::unique_ptr<core::Domain> NvlinkDomain::open(const core::DomainOptions& opti
   d->info_.max_msg_size = ~0ull;
   d->info_.post_budget = kPostBudget;
   d->info_.max_outstanding = kMaxOutstanding;
+  d->info_.native_paged = true;
   d->info_.transport = Transport::kNvlink;
   core::log().info("ferry nvlink: opened {} (segment {})", d->info_.name, d->self_.shm_name);
   set_error(error, Status::ok());
@@ -545,6 +548,56 @@ core::PostResult NvlinkDomain::post_writes(std::span<const core::WriteDesc> writ
   }
   if (issued_ == 0) flush();  // the GPU is idle: waiting would only add latency
   return {writes.size(), Status::ok()};
+}
+
+// Pages straight into the batch's op list: per page two index loads, a bounds
+// check and one or two CopyOps; the run is one Item however many pages it has.
+core::PostResult NvlinkDomain::post_paged(const core::PagedDesc& pd) {
+  if (pd.page_len == 0 || pd.page_len >= kCopyEngineMin) return Domain::post_paged(pd);
+  cudaSetDevice(device_);
+  posted_since_poll_ = true;
+  if (pd.peer >= peers_.size() || !peers_[pd.peer])
+    return {0, Status(Code::kInvalidArgument,
+                      fmt::format("nvlink {}: unknown peer id {}", info_.name, pd.peer))};
+  Peer& p = *peers_[pd.peer];
+  Status err;
+  Target* t = resolve(p, pd.rkey, &err);
+  if (t == nullptr) return {0, err};
+  Batch* b = open_batch();
+  if (b == nullptr) return {0, Status::ok()};  // every launch slot in flight
+  const uint32_t need = uint32_t((pd.page_len + kMaxOpBytes - 1) / kMaxOpBytes);
+  Item run{pd.ctx, uint32_t(pd.peer), pd.imm, pd.has_imm, 0};
+  auto close_run = [&] {
+    if (run.count > 0) add_item(b->items, run);
+    run.count = 0;
+  };
+  for (uint32_t k = 0; k < pd.count; ++k) {
+    const uint64_t ra = pd.remote_base + uint64_t(pd.dst_idx[k]) * pd.dst_stride;
+    const uint64_t off = ra - t->reg_ptr;
+    if (ra < t->reg_ptr || off > t->len || pd.page_len > t->len - off) {
+      close_run();
+      return {
+          k, Status(Code::kOutOfRange,
+                    fmt::format("nvlink {}: page {} ({} bytes at {:#x}) outside the region "
+                                "[{:#x}, +{}) of {}",
+                                info_.name, k, pd.page_len, ra, t->reg_ptr, t->len, peer_name(p)))};
+    }
+    if (b->nops + need > kMaxBatchOps || b->nops >= kFlushOps || b->bytes >= kFlushBytes) {
+      close_run();
+      flush();
+      b = open_batch();
+      if (b == nullptr) return {k, Status::ok()};
+    }
+    const auto src = reinterpret_cast<uint64_t>(pd.src + uint64_t(pd.src_idx[k]) * pd.src_stride);
+    const auto dst = reinterpret_cast<uint64_t>(t->base + off);
+    for (uint64_t o = 0; o < pd.page_len; o += kMaxOpBytes)
+      b->ops[b->nops++] = CopyOp{src + o, dst + o, std::min(kMaxOpBytes, pd.page_len - o)};
+    b->bytes += pd.page_len;
+    run.count++;
+  }
+  close_run();
+  if (b->nops >= kFlushOps || b->bytes >= kFlushBytes || issued_ == 0) flush();
+  return {pd.count, Status::ok()};
 }
 
 void NvlinkDomain::fail_batch(Batch& b, const Status& s) {

@@ -97,6 +97,8 @@ Status parse_fault_spec(std::string_view spec, FaultSpec* out) {
       ok = parse_prob(val, &s.eagain);
     else if (key == "coalesce")
       ok = parse_prob(val, &s.coalesce);
+    else if (key == "paged")
+      ok = (val == "0" || val == "1") && ((s.paged = val == "1"), true);
     else if (key == "split")
       ok = parse_prob(val, &s.split);
     else if (key == "fail")
@@ -105,13 +107,14 @@ Status parse_fault_spec(std::string_view spec, FaultSpec* out) {
       ok = parse_prob(val, &s.stale);
     else
       return bad(key,
-                 "unknown (known: seed, delay_us, reorder, eagain, coalesce, split, fail, "
-                 "stale, stale_us)");
+                 "unknown (known: seed, delay_us, reorder, eagain, coalesce, paged, split, "
+                 "fail, stale, stale_us)");
     if (!ok) {
       bool dur = key == "seed" || key == "delay_us" || key == "stale_us";
-      return bad(key,
-                 fmt::format("malformed value '{}' (expected {})", val,
-                             dur ? "an unsigned integer in range" : "a probability in [0, 1]"));
+      return bad(key, fmt::format("malformed value '{}' (expected {})", val,
+                                  key == "paged" ? "0 or 1"
+                                  : dur          ? "an unsigned integer in range"
+                                                 : "a probability in [0, 1]"));
     }
   }
   *out = s;
@@ -142,6 +145,8 @@ FaultDomain::FaultDomain(std::unique_ptr<core::Domain> inner, const FaultSpec& s
       nic_(nic_index),
       now_(std::move(now)),
       rng_(spec.seed ^ nic_index) {
+  info_ = inner_->info();
+  if (spec.paged) info_.native_paged = true;
   held_.reserve(1024);
   ready_.reserve(1024);
   backlog_.reserve(256);

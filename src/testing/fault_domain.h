@@ -24,6 +24,10 @@
 //                before it in the same poll when both are successful local
 //                writes of one ctx or remote immediates of one value: one
 //                entry with a count, as batching domains (NVLink) report runs.
+//   paged=1      report DomainInfo::native_paged, so the worker hands paged
+//                writes over as page lists (post_paged) and the base class
+//                spells them out into post_writes, as a batching domain would
+//                take them (default 0).
 //   split=P      with probability P a write of more than 1 byte is posted as
 //                2-4 pieces without immediate; once every piece completed
 //                locally a zero-byte write carries the immediate (if any), and
@@ -68,6 +72,7 @@ struct FaultSpec {
   double reorder = 0;
   double eagain = 0;
   double coalesce = 0;
+  bool paged = false;
   double split = 0;
   double fail = 0;
   double stale = 0;
@@ -103,7 +108,7 @@ class FaultDomain : public core::Domain {
               NowFn now = {});
   ~FaultDomain() override;
 
-  const core::DomainInfo& info() const override { return inner_->info(); }
+  const core::DomainInfo& info() const override { return info_; }
   std::span<const uint8_t> raw_address() const override { return inner_->raw_address(); }
   std::unique_ptr<core::DomainMr> register_mr(void* ptr, size_t len, Device device, bool remote,
                                               Status* error) override {
@@ -168,6 +173,7 @@ class FaultDomain : public core::Domain {
   bool can_block_now() const;
 
   std::unique_ptr<core::Domain> inner_;
+  core::DomainInfo info_;
   FaultSpec spec_;
   size_t nic_;
   NowFn now_;

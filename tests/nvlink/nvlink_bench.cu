@@ -75,6 +75,10 @@ int writer(test::Channel& link, test::Channel& parent) {
   }
   cudaStreamDestroy(s);
 
+  // The target counts the immediates of the paged writes, as a receiver would
+  // (uncounted ones would each go to its callback thread).
+  link.send("counter 9");
+  link.recv_str(10s);
   std::mt19937_64 rng(1);
   for (uint64_t page : {64ull << 10, 4ull << 10, 256ull << 10}) {
     const uint32_t slots = uint32_t(std::min<uint64_t>(kTargetLen / page, 16384));

@@ -64,7 +64,8 @@ struct Options {
   std::string provider = "tcp";
   uint64_t seed = 1;
   std::string faults =
-      "reorder=0.2,delay_us=50,eagain=0.05,coalesce=0.3,split=0.1,fail=0.00002,stale=0.01";
+      "reorder=0.2,delay_us=50,eagain=0.05,coalesce=0.3,paged=1,split=0.1,fail=0.00002,"
+      "stale=0.01";
   uint32_t round = 1000;
   uint64_t deadline_ms = 30000;
   double progress_s = 10;
@@ -824,9 +825,10 @@ std::string process_faults(const std::string& spec, uint64_t seed, int p) {
   // Every process (and, through seed ^ nic_index, every NIC) misbehaves differently.
   uint64_t s = (spec.find("seed=") != std::string::npos ? f.seed : seed) * 1000003 + p * 7919;
   return fmt::format(
-      "seed={},delay_us={},reorder={},eagain={},coalesce={},split={},fail={},stale={},"
-      "stale_us={}",
-      s, f.delay_us, f.reorder, f.eagain, f.coalesce, f.split, f.fail, f.stale, f.stale_us);
+      "seed={},delay_us={},reorder={},eagain={},coalesce={},paged={},split={},fail={},"
+      "stale={},stale_us={}",
+      s, f.delay_us, f.reorder, f.eagain, f.coalesce, int(f.paged), f.split, f.fail, f.stale,
+      f.stale_us);
 }
 
 }  // namespace

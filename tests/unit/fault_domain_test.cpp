@@ -282,6 +282,47 @@ TEST(FaultDomain, CoalesceMergesRunsButKeepsEveryCount) {
   EXPECT_GT(r.dom->stats().coalesced, 100u);
 }
 
+TEST(FaultDomain, PagedSpecAsksForPageListsAndTheBaseSpellsThemOut) {
+  Rig off("seed=1");
+  EXPECT_FALSE(off.dom->info().native_paged);
+  Rig r("seed=1,paged=1");
+  EXPECT_TRUE(r.dom->info().native_paged);
+  static uint8_t src[1 << 16];
+  std::vector<uint32_t> si(100), di(100);
+  for (uint32_t k = 0; k < 100; ++k) {
+    si[k] = (k * 37) % 100;
+    di[k] = 99 - k;
+  }
+  core::PagedDesc p;
+  p.src = src;
+  p.src_stride = 300;
+  p.src_idx = si.data();
+  p.remote_base = 0x100000;
+  p.dst_stride = 512;
+  p.dst_idx = di.data();
+  p.count = 100;
+  p.page_len = 256;
+  p.peer = 7;
+  p.rkey = 99;
+  p.imm = 3;
+  p.has_imm = true;
+  p.ctx = ectx(1, 5);
+  r.fake->accept = 70;  // back-pressure part-way: a prefix is posted, no error
+  PostResult res = r.dom->post_paged(p);
+  EXPECT_EQ(res.posted, 70u);
+  EXPECT_TRUE(res.error.is_ok());
+  ASSERT_EQ(r.fake->writes.size(), 70u);
+  for (uint32_t k = 0; k < 70; ++k) {
+    const WriteDesc& w = r.fake->writes[k];
+    EXPECT_EQ(w.src, src + si[k] * 300u);
+    EXPECT_EQ(w.remote_addr, 0x100000u + di[k] * 512u);
+    EXPECT_EQ(w.len, 256u);
+    EXPECT_TRUE(w.has_imm && w.imm == 3 && w.ctx == ectx(1, 5) && w.rkey == 99u);
+  }
+  FaultSpec bad;
+  EXPECT_EQ(parse_fault_spec("paged=2", &bad).code(), Code::kInvalidArgument);
+}
+
 TEST(FaultDomain, NicIndexChangesTheStream) {
   auto run = [](size_t nic) {
     Rig r("reorder=1,seed=5", nic);

@@ -57,7 +57,8 @@ constexpr uint32_t kImmPingCb = 3;    // client -> server, callback responder
 constexpr uint32_t kImmPong = 9;      // server -> client
 constexpr size_t kFerryRecvs = 64;    // receive buffers posted by each side (send/recv)
 constexpr auto kSettleTimeout = 20s;  // for arrivals to land after the initiator is done
-// The engine's per-NIC cap on posted, uncompleted writes (kMaxOutstanding in
+// The engine's per-NIC cap on posted, uncompleted writes and writes per post call
+// for libfabric NICs (core::DomainInfo::max_outstanding, kPostsPerCall in
 // src/core/worker.cpp): the raw baseline gets the same queue depth.
 constexpr size_t kRawMaxOutstanding = 1024;
 constexpr size_t kRawPostBatch = 64;
@@ -77,6 +78,7 @@ struct Options {
   std::string only = "single,paged,scatter,barrier,imm,sendrecv";
   double seconds = 0;  // 0 = 1.0, or 0.25 with --quick
   uint64_t iters = 0;
+  int repeat = 1;  // raw and ferry alternate this many times per point; medians reported
   uint64_t region_mib = 256;
   uint64_t max_inflight_mib = 256;
   uint32_t targets = 8;
@@ -185,17 +187,30 @@ struct PointResult {
   size_t window = 0;
   uint64_t bytes_per_req = 0;
   uint32_t writes_per_req = 1;
-  Result ferry, raw;
+  Result ferry, raw;                  // with --repeat: the median repetition of each
+  std::vector<double> rep_fractions;  // one per repetition (raw and ferry back to back)
+  bool latency_metric() const { return point.latency() || point.kind == Kind::kBarrier; }
   // Throughput: ferry / raw bytes (ops for barriers). Latency: raw p50 / ferry p50.
-  double fraction() const {
+  static double fraction_of(const Point& p, const Result& ferry, const Result& raw) {
     if (!ferry.ran || !raw.ran) return NAN;
-    if (point.latency() || point.kind == Kind::kBarrier) {
+    if (p.latency() || p.kind == Kind::kBarrier) {
       double f = ferry.pct(0.5), r = raw.pct(0.5);
       return f > 0 ? r / f : NAN;
     }
     return raw.gbs() > 0 ? ferry.gbs() / raw.gbs() : NAN;
   }
+  double fraction() const { return fraction_of(point, ferry, raw); }
 };
+
+// The median of several runs of one implementation, by the metric the
+// fraction uses (GB/s, or p50 latency), so one noisy second cannot decide.
+Result median_run(std::vector<Result>& runs, bool latency) {
+  if (runs.empty()) return {};
+  auto key = [latency](const Result& r) { return latency ? r.pct(0.5) : r.gbs(); };
+  std::sort(runs.begin(), runs.end(),
+            [&](const Result& a, const Result& b) { return key(a) < key(b); });
+  return std::move(runs[runs.size() / 2]);
+}
 
 // ------------------------------------------------------------------ driver
 
@@ -521,6 +536,15 @@ void serve_raw(RawFabric& rf, uint8_t* region, const RawRegion& client, const Op
 
 // ------------------------------------------------------------------ ferry side
 
+// Between polls of a counter: with --poll busy every thread has its own core
+// and spins like the raw loop (no syscall); otherwise give the core away.
+void relax(const Options& o) {
+  if (o.poll == "busy")
+    __builtin_ia32_pause();
+  else
+    std::this_thread::yield();
+}
+
 struct FerryServerPoint {
   std::unique_ptr<ferry::TransferEngine> engine;
   std::vector<ferry::MrDesc> descs;
@@ -564,8 +588,8 @@ void serve_ferry(uint8_t* region, const Options& o, int fd, const Point& p, uint
         e->submit_imm(kImmPong, client, ferry::OnDone::none());
         continue;
       }
-      if (spins % 64 == 0 && readable(fd)) break;
-      std::this_thread::yield();
+      if (spins % (o.poll == "busy" ? 8192 : 64) == 0 && readable(fd)) break;
+      relax(o);
     }
   }
   Reader end = recv_msg(fd, MsgType::kFerryEnd);
@@ -633,7 +657,7 @@ class FerryClient {
           e.submit_send(server, msg, ferry::OnDone::none());
           while (received.load(std::memory_order_acquire) == seen) {
             if (secs_since(t) > 10) return false;
-            std::this_thread::yield();
+            relax(o_);
           }
           ++seen;
           if (o_.verify && (last_echo.load() != n || last_len.load() != p.size))
@@ -644,7 +668,7 @@ class FerryClient {
         e.submit_imm(ping, descs[0], ferry::OnDone::none());
         while (!pong.try_consume(1)) {
           if (secs_since(t) > 10) return false;
-          std::this_thread::yield();
+          relax(o_);
         }
         return true;
       };
@@ -808,6 +832,12 @@ std::string json_num(double v) {
   return std::isfinite(v) ? fmt::format("{:.6g}", v) : "null";
 }
 
+std::string join_nums(const std::vector<double>& v) {
+  std::string out;
+  for (double x : v) out += (out.empty() ? "" : ", ") + json_num(x);
+  return out;
+}
+
 std::string json_result(const Result& r, bool latency) {
   if (!r.ran) return "null";
   return fmt::format(
@@ -829,13 +859,15 @@ void write_json(const std::string& path, const Options& o, const std::vector<Poi
   f << "{\n  \"meta\": {";
   f << fmt::format(
       "\"command\": {}, \"git_commit\": {}, \"provider\": {}, \"nics\": {}, \"window\": {}, "
-      "\"poll\": {}, \"seconds_per_point\": {}, \"iters\": {}, \"verify\": {}, \"raw\": {}, "
-      "\"nproc\": {}, \"cpu_model\": {}, \"kernel\": {}, \"date\": {}, \"total_seconds\": {}, "
+      "\"poll\": {}, \"seconds_per_point\": {}, \"iters\": {}, \"repeat\": {}, \"verify\": {}, "
+      "\"raw\": {}, \"nproc\": {}, \"cpu_model\": {}, \"kernel\": {}, \"date\": {}, "
+      "\"total_seconds\": {}, "
       "\"loadavg_start\": {}, \"loadavg_end\": {}",
       json_str(o.command_line), json_str(shell("git rev-parse --short HEAD 2>/dev/null")),
       json_str(o.provider), o.nic_names.size(), o.window, json_str(o.poll), o.seconds, o.iters,
-      o.verify ? "true" : "false", o.no_raw ? "false" : "true", sysconf(_SC_NPROCESSORS_ONLN),
-      json_str(model), json_str(std::string(u.sysname) + " " + u.release),
+      o.repeat, o.verify ? "true" : "false", o.no_raw ? "false" : "true",
+      sysconf(_SC_NPROCESSORS_ONLN), json_str(model),
+      json_str(std::string(u.sysname) + " " + u.release),
       json_str(shell("date -u +%Y-%m-%dT%H:%M:%SZ")), json_num(total_s), json_str(o.load_start),
       json_str(shell("cut -d' ' -f1-3 /proc/loadavg")));
   f << "},\n  \"points\": [\n";
@@ -843,12 +875,13 @@ void write_json(const std::string& path, const Options& o, const std::vector<Poi
     const auto& r = rs[i];
     f << fmt::format(
         "    {{\"kind\": \"{}\", \"size\": {}, \"count\": {}, \"imm\": {}, \"window\": {}, "
-        "\"bytes_per_req\": {}, \"writes_per_req\": {}, \"fraction_of_raw\": {},\n"
+        "\"bytes_per_req\": {}, \"writes_per_req\": {}, \"fraction_of_raw\": {}, "
+        "\"rep_fractions\": [{}],\n"
         "     \"ferry\": {},\n     \"raw\": {}}}{}\n",
         kind_name(r.point.kind), r.point.size, r.point.count, r.point.imm ? "true" : "false",
         r.window, r.bytes_per_req, r.writes_per_req, json_num(r.fraction()),
-        json_result(r.ferry, r.point.latency()), json_result(r.raw, r.point.latency()),
-        i + 1 < rs.size() ? "," : "");
+        join_nums(r.rep_fractions), json_result(r.ferry, r.point.latency()),
+        json_result(r.raw, r.point.latency()), i + 1 < rs.size() ? "," : "");
   }
   f << "  ]\n}\n";
 }
@@ -955,8 +988,9 @@ int client(int fd, Options& o, const std::vector<Point>& points) {
     send_msg(fd, MsgType::kHello);
     recv_msg(fd, MsgType::kHello);
   }
-  fmt::print("ferry-bench: provider {}, NICs [{}], window {}, poll {}, {} s per point{}{}\n",
+  fmt::print("ferry-bench: provider {}, NICs [{}], window {}, poll {}, {} s per point{}{}{}\n",
              o.provider, fmt::join(o.nic_names, ","), o.window, o.poll, o.seconds,
+             o.repeat > 1 ? fmt::format(", median of {} alternating runs", o.repeat) : "",
              o.iters ? fmt::format(" ({} requests)", o.iters) : "", o.verify ? ", verifying" : "");
   fmt::print(
       "latency columns: per-request completion time (throughput points), half round trip "
@@ -984,25 +1018,31 @@ int client(int fd, Options& o, const std::vector<Point>& points) {
     dc.iters = o.iters;
     dc.bytes_per_req = l.bytes_per_req;
     dc.writes_per_req = l.writes_per_req;
+    std::vector<Result> raws, ferries;
     try {
-      if (raw) {
+      for (int r = 0; r < o.repeat; ++r) {
+        if (raw) {
+          uint64_t s = seed++;
+          if (o.verify && !p.latency()) fill_pattern(region, data, s);
+          RawMode mode = raw_mode(p);
+          send_msg(fd, MsgType::kRawRun, Writer().put<uint64_t>(i).put(mode).put(s));
+          recv_msg(fd, MsgType::kReply);
+          uint64_t next = 0;
+          pr.raw = p.latency() ? raw->pingpong_(p, dc) : raw->throughput(p, l, dc, &next);
+          uint64_t per = (p.imm || p.kind == Kind::kBarrier) ? l.writes_per_req : 0;
+          send_msg(fd, MsgType::kRawStop, Writer().put(next).put(p.latency() ? 0 : next * per));
+          Reader rep = recv_msg(fd, MsgType::kReply);
+          rep.get<uint64_t>();
+          std::string v = rep.str();
+          if (!p.latency()) pr.raw.verify = v;
+          raws.push_back(std::move(pr.raw));
+        }
         uint64_t s = seed++;
         if (o.verify && !p.latency()) fill_pattern(region, data, s);
-        RawMode mode = raw_mode(p);
-        send_msg(fd, MsgType::kRawRun, Writer().put<uint64_t>(i).put(mode).put(s));
-        recv_msg(fd, MsgType::kReply);
-        uint64_t next = 0;
-        pr.raw = p.latency() ? raw->pingpong_(p, dc) : raw->throughput(p, l, dc, &next);
-        uint64_t per = (p.imm || p.kind == Kind::kBarrier) ? l.writes_per_req : 0;
-        send_msg(fd, MsgType::kRawStop, Writer().put(next).put(p.latency() ? 0 : next * per));
-        Reader rep = recv_msg(fd, MsgType::kReply);
-        rep.get<uint64_t>();
-        std::string v = rep.str();
-        if (!p.latency()) pr.raw.verify = v;
+        ferries.push_back(fc.run(i, p, dc, s));
+        if (!raws.empty())
+          pr.rep_fractions.push_back(PointResult::fraction_of(p, ferries.back(), raws.back()));
       }
-      uint64_t s = seed++;
-      if (o.verify && !p.latency()) fill_pattern(region, data, s);
-      pr.ferry = fc.run(i, p, dc, s);
     } catch (const std::exception& e) {
       fmt::print(stderr, "point {} {}: {}\n", kind_name(p.kind), p.size_label(), e.what());
       failed = true;
@@ -1011,7 +1051,10 @@ int client(int fd, Options& o, const std::vector<Point>& points) {
     auto bad = [](const Result& r) {
       return r.errors > 0 || (!r.verify.empty() && r.verify != "ok");
     };
-    failed |= bad(pr.ferry) || bad(pr.raw);
+    for (const auto& r : raws) failed |= bad(r);
+    for (const auto& r : ferries) failed |= bad(r);
+    pr.raw = median_run(raws, pr.latency_metric());
+    pr.ferry = median_run(ferries, pr.latency_metric());
     print_row(pr);
     results.push_back(std::move(pr));
   }
@@ -1071,6 +1114,11 @@ int main(int argc, char** argv) {
   app.add_option("--only", o.only,
                  "comma-separated: single,paged,scatter,barrier,imm,sendrecv (imm runs both the "
                  "counter and the callback responder)")
+      ->capture_default_str();
+  app.add_option("--repeat", o.repeat,
+                 "run raw and ferry alternately this many times per point and report the median "
+                 "of each (and every repetition's fraction in the JSON): tames a noisy machine")
+      ->check(CLI::Range(1, 50))
       ->capture_default_str();
   app.add_option("--seconds", o.seconds,
                  "measured seconds per point and implementation (default 1, 0.25 with --quick)");
