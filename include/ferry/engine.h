@@ -129,6 +129,10 @@ class TransferEngine {
   // --- memory -------------------------------------------------------------
   // Registers [ptr, ptr+len) on every NIC of the group serving `device`.
   std::pair<MrHandle, MrDesc> reg_mr(void* ptr, size_t len, Device device = Device::host());
+  // Returns once the group's NICs have deregistered the region (if a transfer in
+  // flight still reads from it, once that transfer ends). From then on peers'
+  // writes with its descriptor are refused where the transport checks keys
+  // (nvlink, shm; tcp;ofi_rxm checks none) and the memory may be freed.
   void unreg_mr(MrHandle handle);
 
   // --- two-sided ----------------------------------------------------------

@@ -145,18 +145,21 @@ struct Shared {
 
 // Reports the pending Python error of a failed user callback (GIL held).
 void report_current(Shared& sh, const char* where) {
-  sh.callback_errors.fetch_add(1, std::memory_order_relaxed);
   nb::python_error err;  // fetches and clears the error indicator
   if (g_error_hook == nullptr) {
     err.discard_as_unraisable(where);
-    return;
+  } else {
+    try {
+      nb::handle hook(g_error_hook);
+      hook(where, err.value());
+    } catch (nb::python_error& e2) {
+      e2.discard_as_unraisable(where);
+    }
   }
-  try {
-    nb::handle hook(g_error_hook);
-    hook(where, err.value());
-  } catch (nb::python_error& e2) {
-    e2.discard_as_unraisable(where);
-  }
+  // Counted once reported: the hook runs Python code, which may hand the GIL
+  // to a thread that reads the count, and that thread must then find the log
+  // record too.
+  sh.callback_errors.fetch_add(1, std::memory_order_release);
 }
 
 // Runs f (a user callback) on the callback thread with the GIL held; an

@@ -413,7 +413,11 @@ void TransferEngine::unreg_mr(MrHandle handle) {
     im.regs.erase(it);
   }
   auto& w = *im.workers.at(reg->group);
-  im.call(w, [&w, reg]() mutable { w.retire_wt(std::move(reg)); });
+  // The reference moves into the call: unless a transfer in flight still
+  // reads from the region, the NICs deregister it before unreg_mr returns, so
+  // peers holding its descriptor are refused from then on and the caller may
+  // free the memory.
+  im.call(w, [&w, reg = std::move(reg)]() mutable { w.retire_wt(std::move(reg)); });
 }
 
 // -------------------------------------------------------------- two-sided

@@ -163,8 +163,11 @@ class Worker {
   // --- worker thread only (suffix _wt) -----------------------------------
   void register_wt(Registration& reg, bool remote, Status* err);
   PeerGroupHandle add_peer_group_wt(const std::vector<std::vector<NetAddr>>& peers, Status* err);
-  // Keeps an unregistered region until no transfer in flight holds it.
-  void retire_wt(RegRef reg) { retired_.push_back(std::move(reg)); }
+  // Deregisters an unregistered region now, or once no transfer in flight
+  // holds it (then it waits in retired_).
+  void retire_wt(RegRef reg) {
+    if (reg.use_count() > 1) retired_.push_back(std::move(reg));
+  }
 
  private:
   // Per-transfer state, tracked by slot index (no maps on the datapath).

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -106,7 +107,8 @@ inline std::string str(const std::vector<uint8_t>& v) {
 // The target side: registers `len` bytes of GPU memory on `dev`, sends its
 // descriptor, answers commands until "quit":
 //   zero | counter <imm> | count <imm> <n> | verify (next message: Seg[]) | desc <hex> (peer
-//   descriptor for pong) | pong <imm_in> <imm_out> <iters> <len>
+//   descriptor for pong) | pong <imm_in> <imm_out> <iters> <len> | extra (registers a second
+//   1 MiB region, answers its descriptor in hex) | unextra (unregisters and frees it)
 inline int serve_gpu_target(test::Channel& ch, const EngineConfig& cfg, int dev, size_t len) {
   cudaSetDevice(dev);
   TransferEngine e(cfg);
@@ -126,6 +128,8 @@ inline int serve_gpu_target(test::Channel& ch, const EngineConfig& cfg, int dev,
   }
   std::map<uint32_t, ImmCounter> counters;
   MrDesc peer;
+  std::unique_ptr<DevBuf> extra;
+  MrHandle extra_h;
   for (;;) {
     auto m = ch.recv_str(120s);
     if (!m) return 11;
@@ -179,6 +183,16 @@ inline int serve_gpu_target(test::Channel& ch, const EngineConfig& cfg, int dev,
                 " want " + std::to_string(want[at]) + " (" + std::to_string(bad) +
                 " bytes differ)");
       }
+    } else if (cmd == "extra") {
+      extra = std::make_unique<DevBuf>(dev, 1 << 20);
+      auto [eh, ed] = e.reg_mr(extra->p, 1 << 20, Device::cuda(dev));
+      extra_h = eh;
+      ch.send(ed.to_hex());
+    } else if (cmd == "unextra") {
+      e.unreg_mr(extra_h);
+      cudaDeviceSynchronize();
+      extra.reset();  // cudaFree: the memory behind the old descriptor is gone
+      ch.send("ok");
     } else if (cmd == "desc") {
       std::string hex;
       in >> hex;

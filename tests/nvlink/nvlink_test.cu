@@ -195,6 +195,43 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
         " bytes verified on cuda:" + std::to_string(dst.device.ordinal) + ", " +
         std::to_string(total_imms) + " immediates counted exactly");
 
+  // A freed region: the target registers a second region, we write to it, the target
+  // unregisters and frees it; a write with the old descriptor must fail with a typed
+  // error (nvlink: the region table's generation, kNotFound) and nothing else may
+  // suffer: a write to the live region right after lands and is counted.
+  {
+    auto write_to = [&](const MrDesc& d, uint32_t imm) {
+      Status got;
+      std::atomic<bool> done{false};
+      try {
+        e.submit_single_write(4096, imm, sh, 0, d, 0, [&](const Status& s) {
+          got = s;
+          done = true;
+        });
+        if (!wait_flag(done)) return Status(Code::kDeadlineExceeded, "no completion");
+      } catch (const Error& err) {
+        return Status(err.code(), err.what());
+      }
+      return got;
+    };
+    const MrDesc extra = MrDesc::from_hex(w.ask("extra"));
+    Status before = write_to(extra, 61);
+    if (!before.is_ok()) w.fail("write to a second region: " + before.message());
+    if (w.ask("unextra") != "ok") w.fail("unextra");
+    Status stale = write_to(extra, 62);
+    if (provider == "nvlink" && stale.code() != Code::kNotFound)
+      w.fail("freed region: expected NOT_FOUND, got " + stale.to_string());
+    else  // libfabric's shm checks no remote keys: reported, not asserted
+      w.say("[ " + provider + " ] write to a freed region: " + stale.to_string());
+    if (w.ask("counter 63") != "ok") w.fail("counter 63");
+    Status after = write_to(dst, 63);
+    const std::string c = w.ask("count 63 1");
+    if (!after.is_ok() || c != "ok 0")
+      w.fail("write after the freed-region error: " + after.to_string() + ", count " + c);
+    else
+      w.say("[ " + provider + " ] the next write to the live region landed and was counted");
+  }
+
   if (provider == "nvlink") {
     // A descriptor of another host: same bytes, another boot id.
     MrDesc other = dst;
