@@ -66,6 +66,9 @@ TEST_P(PeerKillTest, KilledPeerFailsItsTransfersAndRestartedPeerWorks) {
   Peer stable([&](Channel& ch) { return test::serve_region(ch, cfg, kRegion); });
   auto stable_desc = MrDesc::from_bytes(stable.channel().recv().value());
   ASSERT_EQ(ask(stable.channel(), "counter 1"), "ok");
+  // Victims start while this process runs its engine: forked by a spawner
+  // forked now, before the engine's threads exist (support/process.h).
+  test::PeerSpawner victims([&](Channel& ch) { return test::serve_region(ch, cfg, kRegion); });
 
   TransferEngine e(cfg);
   Buffer src(kRegion);
@@ -74,16 +77,17 @@ TEST_P(PeerKillTest, KilledPeerFailsItsTransfersAndRestartedPeerWorks) {
   size_t rss_start = 0, threads_start = 0;
   int victim_errors = 0;
   for (int cycle = 0; cycle < cycles; ++cycle) {
-    Peer victim([&](Channel& ch) { return test::serve_region(ch, cfg, kRegion); });
-    auto victim_desc = MrDesc::from_bytes(victim.channel().recv().value());
+    auto victim = victims.spawn();
+    ASSERT_TRUE(victim) << "cycle " << cycle << ": cannot start a peer";
+    auto victim_desc = MrDesc::from_bytes(victim->channel().recv().value());
     // The new incarnation works.
-    ASSERT_EQ(ask(victim.channel(), "counter 1"), "ok");
+    ASSERT_EQ(ask(victim->channel(), "counter 1"), "ok");
     std::atomic<bool> ok_done{false}, ok_failed{false};
     e.submit_single_write(kWrite, 1, h, 0, victim_desc, 0, OnDone::flag(ok_done, &ok_failed));
     ASSERT_TRUE(test::wait_until([&] { return ok_done.load(); }, 10s));
     ASSERT_FALSE(ok_failed.load()) << "cycle " << cycle;
-    ASSERT_EQ(ask(victim.channel(), "count 1 1"), "ok 0");
-    ASSERT_EQ(ask(victim.channel(), check_cmd(0, kWrite, 77)), "ok");
+    ASSERT_EQ(ask(victim->channel(), "count 1 1"), "ok 0");
+    ASSERT_EQ(ask(victim->channel(), check_cmd(0, kWrite, 77)), "ok");
 
     // Heavy traffic to both, then the victim dies mid-flight.
     std::atomic<uint64_t> v_done{0}, v_err{0}, s_done{0}, s_err{0};
@@ -103,7 +107,7 @@ TEST_P(PeerKillTest, KilledPeerFailsItsTransfersAndRestartedPeerWorks) {
                               s_done++;
                             });
     }
-    victim.kill();
+    victim->kill();
     auto killed_at = std::chrono::steady_clock::now();
     ASSERT_TRUE(test::wait_until([&] { return v_done.load() == kBurst; }, 20s))
         << "cycle " << cycle << ": " << v_done.load() << " of " << kBurst << " ended";

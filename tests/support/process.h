@@ -7,8 +7,10 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ferry::test {
@@ -36,7 +38,10 @@ class Channel {
 class Peer {
  public:
   // Runs fn(channel) in a child process; its return value is the exit code.
+  // Call it before this process starts threads (an engine): see PeerSpawner.
   explicit Peer(std::function<int(Channel&)> fn);
+  // Adopts a running child (PeerSpawner::spawn).
+  Peer(pid_t pid, Channel ch) : pid_(pid), ch_(std::move(ch)) {}
   ~Peer();
   Channel& channel() { return ch_; }
   // Exit code of the child, or -1 when it did not exit before the deadline
@@ -50,6 +55,32 @@ class Peer {
   Channel ch_;
   bool reaped_ = false;
   int status_ = -1;
+};
+
+// Starts peers after this process has started threads. The child of a fork
+// in a multi-threaded process may only call async-signal-safe functions until
+// it execs (a lock another thread held at the fork stays locked in the child;
+// ThreadSanitizer refuses to start threads there at all), yet a peer starts an
+// engine. So the spawner process is forked while the caller is still
+// single-threaded, and forks every peer on request: each peer is the child of a
+// single-threaded process. The caller is made a child subreaper
+// (PR_SET_CHILD_SUBREAPER) and the spawner forks each peer through a short-lived
+// intermediate, so the peer is re-parented to the caller: Peer::wait and
+// Peer::kill work on it as on a direct child. The channel travels over a Unix
+// socket (SCM_RIGHTS).
+class PeerSpawner {
+ public:
+  // Forks the spawner; every spawn() runs fn(channel) in a new peer.
+  explicit PeerSpawner(std::function<int(Channel&)> fn);
+  ~PeerSpawner();
+  PeerSpawner(const PeerSpawner&) = delete;
+  PeerSpawner& operator=(const PeerSpawner&) = delete;
+  // A new peer, or nullptr when the spawner failed.
+  std::unique_ptr<Peer> spawn();
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
 };
 
 // Deterministic byte pattern so both sides can check data without sending it.
