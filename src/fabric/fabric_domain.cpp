@@ -26,6 +26,7 @@
 
 #include "fabric/fabric_domain.h"
 #include "fabric/fabric_domain_impl.h"
+#include "fabric/shm_leftovers.h"
 
 namespace ferry::fabric {
 
@@ -230,6 +231,9 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
   }
   res->av.reset(av);
 
+  if (res->info->fabric_attr->prov_name != nullptr &&
+      std::string_view(res->info->fabric_attr->prov_name) == "shm")
+    remove_own_stale_shm_regions();
   fid_ep* ep = nullptr;
   ret = fi_endpoint(res->domain.get(), res->info.get(), &ep, nullptr);
   if (ret != 0) {

@@ -256,6 +256,41 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
       else
         w.say(std::string("[ nvlink ] descriptor of another host: ") + err.what());
     }
+
+    // A CUDA error in the copy, last because it poisons this process's CUDA
+    // context: a source region freed behind the engine's back (registered, then
+    // cudaFree'd) makes the gather kernel fault. The transfer must fail with a
+    // typed error naming the CUDA error, and what is submitted after it must
+    // end (with an error: the context is gone) rather than hang.
+    auto write_from = [&](MrHandle from, uint64_t len) {
+      Status got;
+      std::atomic<bool> done{false};
+      try {
+        e.submit_single_write(len, 64, from, 0, dst, 0, [&](const Status& s) {
+          got = s;
+          done = true;
+        });
+        if (!wait_flag(done)) return Status(Code::kDeadlineExceeded, "no completion in 30 s");
+      } catch (const Error& err) {
+        return Status(err.code(), err.what());
+      }
+      return got;
+    };
+    constexpr size_t kGone = 64 << 20;
+    void* gone = nullptr;
+    cudaMalloc(&gone, kGone);
+    const MrHandle gh = e.reg_mr(gone, kGone, Device::cuda(dev)).first;
+    cudaFree(gone);
+    const Status bad = write_from(gh, 1 << 20);  // < 4 MiB: the gather kernel
+    if (bad.is_ok() || bad.code() == Code::kDeadlineExceeded)
+      w.fail("copy from freed memory: " + bad.to_string());
+    else
+      w.say("[ nvlink ] CUDA error in the copy: " + bad.to_string());
+    const Status next = write_from(sh, 4096);
+    if (next.code() == Code::kDeadlineExceeded)
+      w.fail("the write after a CUDA error hung: " + next.to_string());
+    else
+      w.say("[ nvlink ] the write after it: " + next.to_string());
   }
   w.ask("quit");
   w.say("END");

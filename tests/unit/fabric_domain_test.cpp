@@ -1,10 +1,15 @@
 // Two libfabric domains of one provider in one process, talking to each other.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <string>
@@ -12,6 +17,7 @@
 
 #include "core/domain.h"
 #include "fabric/fabric_domain.h"
+#include "fabric/shm_leftovers.h"
 
 namespace ferry::fabric {
 namespace {
@@ -468,6 +474,39 @@ TEST(FabricDiscovery, NicIndexPicksDistinctDomains) {
   Status st;
   EXPECT_EQ(open_fabric_domain(opts, &st), nullptr);
   EXPECT_FALSE(st.is_ok());
+}
+
+TEST(ShmLeftovers, OnlyEntriesOfThisPidOlderThanTheProcessAreRemoved) {
+  char tmpl[] = "/tmp/ferry-shm-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto touch = [&](const std::string& name, std::time_t mtime) {
+    const std::string path = dir + "/" + name;
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fclose(f);
+    struct timespec ts[2] = {{mtime, 0}, {mtime, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), ts, 0), 0);
+  };
+  const std::time_t started = 1'700'000'000;
+  touch("4242:0:0", started - 600);   // an earlier process with pid 4242: stale
+  touch("4242:1:3", started - 1);     // stale too
+  touch("4242:2:0", started + 5);     // made by this process: kept
+  touch("42420:0:0", started - 600);  // another pid with the same digits: kept
+  touch("777:0:0", started - 600);    // another pid: kept
+  touch("4242", started - 600);       // not a region name: kept
+  EXPECT_EQ(fabric::remove_stale_shm_regions(dir, 4242, started), 2u);
+  auto exists = [&](const std::string& n) { return ::access((dir + "/" + n).c_str(), F_OK) == 0; };
+  EXPECT_FALSE(exists("4242:0:0"));
+  EXPECT_FALSE(exists("4242:1:3"));
+  EXPECT_TRUE(exists("4242:2:0"));
+  EXPECT_TRUE(exists("42420:0:0"));
+  EXPECT_TRUE(exists("777:0:0"));
+  EXPECT_TRUE(exists("4242"));
+  EXPECT_EQ(fabric::remove_stale_shm_regions(dir + "/missing", 4242, started), 0u);
+  for (const char* n : {"4242:2:0", "42420:0:0", "777:0:0", "4242"})
+    ::unlink((dir + "/" + n).c_str());
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace
