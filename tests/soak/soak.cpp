@@ -265,9 +265,9 @@ struct Stats {
                                dup_msgs,  bad_msgs,  msgs,        restarts, fail_fast};
     v.insert(v.end(), by_kind, by_kind + int(Kind::kCount));
     const auto& f = faults;
-    v.insert(v.end(),
-             {f.completions, f.delayed, f.held_back, f.short_posts, f.split_writes, f.split_pieces,
-              f.failed_completions, f.failed_posts, f.stale_delivered, f.stale_dropped});
+    v.insert(v.end(), {f.completions, f.delayed, f.held_back, f.short_posts, f.split_writes,
+                       f.split_pieces, f.failed_completions, f.failed_posts, f.stale_delivered,
+                       f.stale_dropped, f.coalesced});
     return v;
   }
   void add(const std::vector<uint64_t>& v) {
@@ -281,7 +281,7 @@ struct Stats {
     auto& f = faults;
     for (auto* p : {&f.completions, &f.delayed, &f.held_back, &f.short_posts, &f.split_writes,
                     &f.split_pieces, &f.failed_completions, &f.failed_posts, &f.stale_delivered,
-                    &f.stale_dropped})
+                    &f.stale_dropped, &f.coalesced})
       *p += v[i++];
   }
 };
@@ -787,7 +787,7 @@ class Node {
         "restarts\n"
         "  hangs            {} ({} past deadline), double completions {}\n"
         "  injector         {} completions seen, {} delayed, {} held back, {} short posts, {} "
-        "split writes ({} pieces), {} stale duplicates delivered\n"
+        "split writes ({} pieces), {} stale duplicates delivered, {} completions coalesced\n"
         "RESULT: {}\n",
         o_.provider, kProcs, kNics, o_.faults, o_.seed, elapsed_, t.rounds / kProcs, t.transfers,
         t.transfers / elapsed_, kinds, t.ok, t.bytes, t.verified_bytes, t.imms, t.msgs, t.corrupted,
@@ -796,7 +796,7 @@ class Node {
         t.faults.failed_completions, t.faults.failed_posts, t.restarts / kProcs, t.hangs,
         t.deadline, t.double_done, t.faults.completions, t.faults.delayed, t.faults.held_back,
         t.faults.short_posts, t.faults.split_writes, t.faults.split_pieces,
-        t.faults.stale_delivered, pass ? "PASS" : "FAIL");
+        t.faults.stale_delivered, t.faults.coalesced, pass ? "PASS" : "FAIL");
     return pass ? 0 : 1;
   }
 
