@@ -83,6 +83,25 @@ struct PagedDesc {
   uint64_t ctx = 0;
 };
 
+// Writes out.size() pages of p (fewer at its end) from page `first` on, one
+// WriteDesc each; returns how many.
+inline size_t spell_out_pages(const PagedDesc& p, uint32_t first, std::span<WriteDesc> out) {
+  const size_t n = std::min<size_t>(out.size(), p.count - first);
+  for (size_t i = 0; i < n; ++i) {
+    WriteDesc& w = out[i];
+    w.src = p.src + uint64_t(p.src_idx[first + i]) * p.src_stride;
+    w.len = p.page_len;
+    w.local_desc = p.local_desc;
+    w.peer = p.peer;
+    w.remote_addr = p.remote_base + uint64_t(p.dst_idx[first + i]) * p.dst_stride;
+    w.rkey = p.rkey;
+    w.imm = p.imm;
+    w.has_imm = p.has_imm;
+    w.ctx = p.ctx;
+  }
+  return n;
+}
+
 struct Completion {
   enum class Kind : uint8_t {
     kWrite,      // a write we posted finished locally (ctx valid)
@@ -133,23 +152,10 @@ class Domain {
   virtual PostResult post_paged(const PagedDesc& p) {
     PostResult total;
     WriteDesc batch[64];
-    for (uint32_t k = 0; k < p.count;) {
-      const uint32_t n = std::min<uint32_t>(64, p.count - k);
-      for (uint32_t i = 0; i < n; ++i) {
-        WriteDesc& w = batch[i];
-        w.src = p.src + uint64_t(p.src_idx[k + i]) * p.src_stride;
-        w.len = p.page_len;
-        w.local_desc = p.local_desc;
-        w.peer = p.peer;
-        w.remote_addr = p.remote_base + uint64_t(p.dst_idx[k + i]) * p.dst_stride;
-        w.rkey = p.rkey;
-        w.imm = p.imm;
-        w.has_imm = p.has_imm;
-        w.ctx = p.ctx;
-      }
+    while (total.posted < p.count) {
+      const size_t n = spell_out_pages(p, uint32_t(total.posted), batch);
       PostResult r = post_writes(std::span(batch, n));
       total.posted += r.posted;
-      k += uint32_t(r.posted);
       if (r.posted < n) {
         total.error = std::move(r.error);
         break;

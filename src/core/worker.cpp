@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/callback_thread.h"
+#include "core/ctx.h"
 #include "core/domain_factory.h"
 #include "core/imm_table.h"
 #include "core/log.h"
@@ -18,22 +19,6 @@
 namespace ferry::core {
 
 namespace {
-
-// Completion contexts: tag | generation | slot index. The generation makes a
-// late completion of a recycled slot harmless.
-enum : uint64_t { kTagWrite = 1, kTagSend = 2, kTagRecv = 3 };
-uint64_t make_ctx(uint64_t tag, uint32_t gen, uint32_t idx) {
-  return tag << 56 | uint64_t(gen & 0xFFFFFF) << 32 | idx;
-}
-uint64_t ctx_tag(uint64_t ctx) {
-  return ctx >> 56;
-}
-uint32_t ctx_gen(uint64_t ctx) {
-  return uint32_t(ctx >> 32) & 0xFFFFFF;
-}
-uint32_t ctx_idx(uint64_t ctx) {
-  return uint32_t(ctx);
-}
 
 constexpr size_t kCommandsPerStep = 32;
 // Per NIC limits come from DomainInfo (post_budget, max_outstanding); this is
@@ -503,19 +488,9 @@ size_t Worker::fill_writes(Slot& s, Cursor& c, uint8_t nic, std::span<WriteDesc>
       w.rkey = d.rkey;
     }
   } else if (auto* r = std::get_if<PagedReq>(&s.req)) {
-    const auto& d = r->dst.nics[nic];
-    const uint8_t* src = r->src->ptr + r->src_pages.offset;
-    const uint64_t dst = d.base + r->dst_pages.offset;
-    for (; c.next < c.shard.end && n < out.size(); ++c.next) {
-      units[n] = c.next;
-      WriteDesc& w = out[n++];
-      base(w, r->imm);
-      w.len = r->page_len;
-      w.src = src + uint64_t(r->src_pages.indices[c.next]) * r->src_pages.stride;
-      w.peer = s.peer[nic];
-      w.remote_addr = dst + uint64_t(r->dst_pages.indices[c.next]) * r->dst_pages.stride;
-      w.rkey = d.rkey;
-    }
+    n = spell_out_pages(paged_desc(s, *r, c, nic), 0, out);
+    for (size_t i = 0; i < n; ++i) units[i] = c.next + uint32_t(i);
+    c.next += uint32_t(n);
   } else if (auto* r = std::get_if<ScatterReq>(&s.req)) {
     const auto& peers = s.group_peers ? *s.group_peers : s.peers;
     const bool bytes = r->route.kind == GroupRoute::Kind::kShardBytes;
@@ -553,6 +528,27 @@ size_t Worker::fill_writes(Slot& s, Cursor& c, uint8_t nic, std::span<WriteDesc>
     }
   }
   return n;
+}
+
+// The pages of cursor c still to post on NIC `nic`, as page lists.
+PagedDesc Worker::paged_desc(const Slot& s, const PagedReq& r, const Cursor& c, uint8_t nic) const {
+  const auto& d = r.dst.nics[nic];
+  PagedDesc p;
+  p.src = r.src->ptr + r.src_pages.offset;
+  p.src_stride = r.src_pages.stride;
+  p.src_idx = r.src_pages.indices.data() + c.next;
+  p.remote_base = d.base + r.dst_pages.offset;
+  p.dst_stride = r.dst_pages.stride;
+  p.dst_idx = r.dst_pages.indices.data() + c.next;
+  p.count = c.shard.end - c.next;
+  p.page_len = r.page_len;
+  p.local_desc = s.src_desc[nic];
+  p.peer = s.peer[nic];
+  p.rkey = d.rkey;
+  p.imm = r.imm.value_or(0);
+  p.has_imm = r.imm.has_value();
+  p.ctx = make_ctx(kTagWrite, s.gen, c.slot);
+  return p;
 }
 
 bool Worker::progress_posts() {
@@ -614,23 +610,9 @@ bool Worker::progress_posts() {
       auto* paged = std::get_if<PagedReq>(&s.req);
       if (paged && infos_[k].native_paged) {
         // Hand the run over as page lists: the domain does the per-page work.
-        n = std::min({budget, max_outstanding - nic.outstanding, size_t(c.shard.end - c.next)});
-        const auto& d = paged->dst.nics[k];
-        PagedDesc p;
-        p.src = paged->src->ptr + paged->src_pages.offset;
-        p.src_stride = paged->src_pages.stride;
-        p.src_idx = paged->src_pages.indices.data() + c.next;
-        p.remote_base = d.base + paged->dst_pages.offset;
-        p.dst_stride = paged->dst_pages.stride;
-        p.dst_idx = paged->dst_pages.indices.data() + c.next;
+        PagedDesc p = paged_desc(s, *paged, c, k);
+        n = std::min({budget, max_outstanding - nic.outstanding, size_t(p.count)});
         p.count = uint32_t(n);
-        p.page_len = paged->page_len;
-        p.local_desc = s.src_desc[k];
-        p.peer = s.peer[k];
-        p.rkey = d.rkey;
-        p.imm = paged->imm.value_or(0);
-        p.has_imm = paged->imm.has_value();
-        p.ctx = make_ctx(kTagWrite, s.gen, c.slot);
         r = nic.domain->post_paged(p);
         c.next += uint32_t(std::min(r.posted, n));
       } else {

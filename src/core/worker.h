@@ -228,6 +228,7 @@ class Worker {
   Status prepare(Slot& s);
   void enqueue_plan(uint32_t slot, const ShardPlan& plan);
   size_t fill_writes(Slot& s, Cursor& c, uint8_t nic, std::span<WriteDesc> out, uint32_t* units);
+  PagedDesc paged_desc(const Slot& s, const PagedReq& r, const Cursor& c, uint8_t nic) const;
   // A local write or send completion; false when it belonged to no live transfer.
   bool on_local_done(uint64_t ctx, const Status& st, uint32_t count = 1);
   void maybe_finish(uint32_t idx);

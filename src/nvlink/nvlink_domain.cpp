@@ -182,6 +182,22 @@ class NvlinkDomain final : public core::Domain {
   }
   void flush();
   void fail_batch(Batch& b, const Status& s);
+  Peer* peer_of(core::PeerId id, Status* error) {
+    if (id < peers_.size() && peers_[id]) return peers_[id].get();
+    *error = Status(Code::kInvalidArgument,
+                    fmt::format("nvlink {}: unknown peer id {}", info_.name, id));
+    return nullptr;
+  }
+  static bool outside(const Target& t, uint64_t addr, uint64_t len) {
+    const uint64_t off = addr - t.reg_ptr;
+    return addr < t.reg_ptr || off > t.len || len > t.len - off;
+  }
+  // Ops of at most kMaxOpBytes for one copy; the caller made room (ops_for).
+  static void append_ops(Batch& b, uint64_t src, uint64_t dst, uint64_t len) {
+    for (uint64_t o = 0; o < len; o += kMaxOpBytes)
+      b.ops[b.nops++] = CopyOp{src + o, dst + o, std::min(kMaxOpBytes, len - o)};
+  }
+  static uint32_t ops_for(uint64_t len) { return uint32_t((len + kMaxOpBytes - 1) / kMaxOpBytes); }
   static void add_item(std::vector<Item>& items, const Item& it) {
     if (!items.empty() && items.back().same_run(it) &&
         items.back().count < UINT32_MAX / 2 - it.count)
@@ -500,16 +516,14 @@ core::PostResult NvlinkDomain::post_writes(std::span<const core::WriteDesc> writ
   posted_since_poll_ = true;
   for (size_t i = 0; i < writes.size(); ++i) {
     const core::WriteDesc& w = writes[i];
-    if (w.peer >= peers_.size() || !peers_[w.peer])
-      return {i, Status(Code::kInvalidArgument,
-                        fmt::format("nvlink {}: unknown peer id {}", info_.name, w.peer))};
-    Peer& p = *peers_[w.peer];
-    const Item item{w.ctx, uint32_t(w.peer), w.imm, w.has_imm, 1};
     Status err;
+    Peer* pp = peer_of(w.peer, &err);
+    if (pp == nullptr) return {i, err};
+    Peer& p = *pp;
+    const Item item{w.ctx, uint32_t(w.peer), w.imm, w.has_imm, 1};
     Target* t = resolve(p, w.rkey, &err);
     if (t == nullptr) return {i, err};
-    const uint64_t off = w.remote_addr - t->reg_ptr;
-    if (w.remote_addr < t->reg_ptr || off > t->len || w.len > t->len - off)
+    if (outside(*t, w.remote_addr, w.len))
       return {i, Status(Code::kOutOfRange,
                         fmt::format("nvlink {}: write of {} bytes at {:#x} outside the region "
                                     "[{:#x}, +{}) of {}",
@@ -519,7 +533,7 @@ core::PostResult NvlinkDomain::post_writes(std::span<const core::WriteDesc> writ
       add_done(item, Status::ok());
       continue;
     }
-    uint8_t* dst = t->base + off;
+    uint8_t* dst = t->base + (w.remote_addr - t->reg_ptr);
     Batch* b = open_batch();
     if (b == nullptr) return {i, Status::ok()};  // every launch slot in flight
     if (w.len >= kCopyEngineMin) {
@@ -531,16 +545,12 @@ core::PostResult NvlinkDomain::post_writes(std::span<const core::WriteDesc> writ
                                       info_.name, w.len, peer_name(p), cuda_msg(e)))};
       }
     } else {
-      const uint32_t need = uint32_t((w.len + kMaxOpBytes - 1) / kMaxOpBytes);
-      if (b->nops + need > kMaxBatchOps) {
+      if (b->nops + ops_for(w.len) > kMaxBatchOps) {
         flush();
         b = open_batch();
         if (b == nullptr) return {i, Status::ok()};
       }
-      const auto src = reinterpret_cast<uint64_t>(w.src);
-      const auto d = reinterpret_cast<uint64_t>(dst);
-      for (uint64_t o = 0; o < w.len; o += kMaxOpBytes)
-        b->ops[b->nops++] = CopyOp{src + o, d + o, std::min(kMaxOpBytes, w.len - o)};
+      append_ops(*b, reinterpret_cast<uint64_t>(w.src), reinterpret_cast<uint64_t>(dst), w.len);
     }
     b->bytes += w.len;
     add_item(b->items, item);
@@ -556,16 +566,15 @@ core::PostResult NvlinkDomain::post_paged(const core::PagedDesc& pd) {
   if (pd.page_len == 0 || pd.page_len >= kCopyEngineMin) return Domain::post_paged(pd);
   cudaSetDevice(device_);
   posted_since_poll_ = true;
-  if (pd.peer >= peers_.size() || !peers_[pd.peer])
-    return {0, Status(Code::kInvalidArgument,
-                      fmt::format("nvlink {}: unknown peer id {}", info_.name, pd.peer))};
-  Peer& p = *peers_[pd.peer];
   Status err;
+  Peer* pp = peer_of(pd.peer, &err);
+  if (pp == nullptr) return {0, err};
+  Peer& p = *pp;
   Target* t = resolve(p, pd.rkey, &err);
   if (t == nullptr) return {0, err};
   Batch* b = open_batch();
   if (b == nullptr) return {0, Status::ok()};  // every launch slot in flight
-  const uint32_t need = uint32_t((pd.page_len + kMaxOpBytes - 1) / kMaxOpBytes);
+  const uint32_t need = ops_for(pd.page_len);
   Item run{pd.ctx, uint32_t(pd.peer), pd.imm, pd.has_imm, 0};
   auto close_run = [&] {
     if (run.count > 0) add_item(b->items, run);
@@ -573,8 +582,7 @@ core::PostResult NvlinkDomain::post_paged(const core::PagedDesc& pd) {
   };
   for (uint32_t k = 0; k < pd.count; ++k) {
     const uint64_t ra = pd.remote_base + uint64_t(pd.dst_idx[k]) * pd.dst_stride;
-    const uint64_t off = ra - t->reg_ptr;
-    if (ra < t->reg_ptr || off > t->len || pd.page_len > t->len - off) {
+    if (outside(*t, ra, pd.page_len)) {
       close_run();
       return {
           k, Status(Code::kOutOfRange,
@@ -588,10 +596,8 @@ core::PostResult NvlinkDomain::post_paged(const core::PagedDesc& pd) {
       b = open_batch();
       if (b == nullptr) return {k, Status::ok()};
     }
-    const auto src = reinterpret_cast<uint64_t>(pd.src + uint64_t(pd.src_idx[k]) * pd.src_stride);
-    const auto dst = reinterpret_cast<uint64_t>(t->base + off);
-    for (uint64_t o = 0; o < pd.page_len; o += kMaxOpBytes)
-      b->ops[b->nops++] = CopyOp{src + o, dst + o, std::min(kMaxOpBytes, pd.page_len - o)};
+    append_ops(*b, reinterpret_cast<uint64_t>(pd.src + uint64_t(pd.src_idx[k]) * pd.src_stride),
+               reinterpret_cast<uint64_t>(t->base + (ra - t->reg_ptr)), pd.page_len);
     b->bytes += pd.page_len;
     run.count++;
   }

@@ -7,24 +7,21 @@
 #include <chrono>
 #include <cmath>
 
+#include "core/ctx.h"
+
 namespace ferry::testing {
 
 namespace {
 
-// Context layout of core/worker.cpp: tag(8) | generation(24) | slot(32).
-constexpr uint64_t kEngineTagWrite = 1, kEngineTagSend = 2;
+// The engine's context layout (core/ctx.h); our own pooled records use kOwnTag.
+using core::ctx_gen;
+using core::ctx_tag;
 constexpr uint64_t kOwnTag = 0xFE;
-uint64_t ctx_tag(uint64_t ctx) {
-  return ctx >> 56;
-}
-uint32_t ctx_gen(uint64_t ctx) {
-  return uint32_t(ctx >> 32) & 0xFFFFFF;
-}
 uint32_t ctx_slot(uint64_t ctx) {
-  return uint32_t(ctx);
+  return core::ctx_idx(ctx);
 }
 uint64_t own_ctx(uint32_t gen, uint32_t idx) {
-  return kOwnTag << 56 | uint64_t(gen & 0xFFFFFF) << 32 | idx;
+  return core::make_ctx(kOwnTag, gen, idx);
 }
 
 constexpr uint32_t kNoGen = 0xFFFFFFFF;
@@ -180,7 +177,7 @@ uint64_t FaultDomain::now() const {
 void FaultDomain::note_post(uint64_t ctx) {
   if (spec_.stale <= 0) return;
   uint64_t tag = ctx_tag(ctx);
-  if (tag != kEngineTagWrite && tag != kEngineTagSend) return;
+  if (tag != core::kTagWrite && tag != core::kTagSend) return;
   uint32_t slot = ctx_slot(ctx);
   if (slot >= kMaxTrackedSlots) return;
   if (slot >= slot_gen_.size())

@@ -163,14 +163,19 @@ int wait_child(pid_t pid, std::chrono::milliseconds timeout) {
   }
 }
 
-}  // namespace
-
-Peer::Peer(std::function<int(Channel&)> fn) {
-  int sv[2];
+// The harness cannot go on without its channel to a child.
+void socketpair_or_abort(int sv[2]) {
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     std::perror("socketpair");
     std::abort();
   }
+}
+
+}  // namespace
+
+Peer::Peer(std::function<int(Channel&)> fn) {
+  int sv[2];
+  socketpair_or_abort(sv);
   std::fflush(nullptr);
   pid_ = ::fork();
   if (pid_ == 0) {
@@ -216,10 +221,7 @@ PeerSpawner::PeerSpawner(std::function<int(Channel&)> fn) {
     std::abort();
   }
   int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-    std::perror("socketpair");
-    std::abort();
-  }
+  socketpair_or_abort(sv);
   std::fflush(nullptr);
   pid_ = ::fork();
   if (pid_ != 0) {

@@ -189,11 +189,13 @@ struct PointResult {
   uint32_t writes_per_req = 1;
   Result ferry, raw;                  // with --repeat: the median repetition of each
   std::vector<double> rep_fractions;  // one per repetition (raw and ferry back to back)
-  bool latency_metric() const { return point.latency() || point.kind == Kind::kBarrier; }
-  // Throughput: ferry / raw bytes (ops for barriers). Latency: raw p50 / ferry p50.
+  // Ping-pongs and barriers compare p50 latency; everything else GB/s.
+  static bool by_latency(const Point& p) { return p.latency() || p.kind == Kind::kBarrier; }
+  bool latency_metric() const { return by_latency(point); }
+  // Throughput: ferry / raw bytes. Latency: raw p50 / ferry p50.
   static double fraction_of(const Point& p, const Result& ferry, const Result& raw) {
     if (!ferry.ran || !raw.ran) return NAN;
-    if (p.latency() || p.kind == Kind::kBarrier) {
+    if (by_latency(p)) {
       double f = ferry.pct(0.5), r = raw.pct(0.5);
       return f > 0 ? r / f : NAN;
     }
