@@ -56,7 +56,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
   MailboxCell* cells = s->cells();
   for (uint32_t i = 0; i < kMailboxCapacity; ++i) {
     new (&cells[i]) MailboxCell{};
-    cells[i].word.store(uint64_t(i) << 32, std::memory_order_relaxed);
+    cells[i].seq.store(i, std::memory_order_relaxed);
   }
   RegionEntry* regs = s->regions();
   for (uint32_t i = 0; i < kRegionCapacity; ++i) new (&regs[i]) RegionEntry{};
@@ -110,52 +110,36 @@ ShmSegment::~ShmSegment() {
   if (owner_) ::shm_unlink(name_.c_str());
 }
 
-namespace {
-uint32_t seq_of(uint64_t word) {
-  return uint32_t(word >> 32);
-}
-}  // namespace
-
-size_t ShmSegment::push_imms(std::span<const uint32_t> imms) {
-  if (imms.empty()) return 0;
+bool ShmSegment::push_run(uint32_t imm, uint32_t count) {
   ShmHeader& h = header();
   MailboxCell* c = cells();
   uint64_t pos = h.enqueue_pos.load(std::memory_order_relaxed);
-  size_t n = 0;
+  MailboxCell* cell;
   for (;;) {
-    const uint64_t w = c[pos & (kMailboxCapacity - 1)].word.load(std::memory_order_acquire);
-    const int32_t dif = int32_t(seq_of(w) - uint32_t(pos));
-    if (dif < 0) return 0;  // full: the owner has not drained a lap behind
-    if (dif > 0) {
-      pos = h.enqueue_pos.load(std::memory_order_relaxed);
-      continue;
-    }
-    // The owner frees cells in order, so the last cell of the run being free
-    // means every cell before it is.
-    n = std::min<size_t>(imms.size(), kMailboxCapacity);
-    const uint64_t last = pos + n - 1;
-    if (n > 1 && seq_of(c[last & (kMailboxCapacity - 1)].word.load(std::memory_order_acquire)) !=
-                     uint32_t(last))
-      n = 1;
-    if (h.enqueue_pos.compare_exchange_weak(pos, pos + n, std::memory_order_relaxed)) break;
+    cell = &c[pos & (kMailboxCapacity - 1)];
+    const int32_t dif = int32_t(cell->seq.load(std::memory_order_acquire) - uint32_t(pos));
+    if (dif < 0) return false;  // full: the owner has not drained a lap behind
+    if (dif == 0 && h.enqueue_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed))
+      break;
+    if (dif > 0) pos = h.enqueue_pos.load(std::memory_order_relaxed);
   }
-  for (size_t i = 0; i < n; ++i)
-    c[(pos + i) & (kMailboxCapacity - 1)].word.store(
-        uint64_t(uint32_t(pos + i + 1)) << 32 | imms[i], std::memory_order_release);
-  return n;
+  cell->imm.store(imm, std::memory_order_relaxed);
+  cell->count.store(count, std::memory_order_relaxed);
+  cell->seq.store(uint32_t(pos + 1), std::memory_order_release);
+  return true;
 }
 
-size_t ShmSegment::pop_imms(std::span<uint32_t> out) {
+size_t ShmSegment::pop_runs(std::span<ImmRun> out) {
   ShmHeader& h = header();
   MailboxCell* c = cells();
   size_t n = 0;
   while (n < out.size()) {
     const uint64_t pos = h.dequeue_pos;
     MailboxCell& cell = c[pos & (kMailboxCapacity - 1)];
-    const uint64_t w = cell.word.load(std::memory_order_acquire);
-    if (seq_of(w) != uint32_t(pos + 1)) break;
-    out[n++] = uint32_t(w);
-    cell.word.store(uint64_t(uint32_t(pos + kMailboxCapacity)) << 32, std::memory_order_release);
+    if (cell.seq.load(std::memory_order_acquire) != uint32_t(pos + 1)) break;
+    out[n++] = ImmRun{cell.imm.load(std::memory_order_relaxed),
+                      cell.count.load(std::memory_order_relaxed)};
+    cell.seq.store(uint32_t(pos + kMailboxCapacity), std::memory_order_release);
     h.dequeue_pos = pos + 1;
   }
   return n;

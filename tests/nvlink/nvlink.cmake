@@ -18,5 +18,10 @@ if(FERRY_HAS_CUDA)
   add_executable(ferry-nvlink-bench nvlink/nvlink_bench.cu)
   target_include_directories(ferry-nvlink-bench PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(ferry-nvlink-bench PRIVATE ferry_test_support CUDA::cudart_static)
-  set_target_properties(nvlink_tests ferry-nvlink-bench PROPERTIES CUDA_STANDARD 20)
+  # Copy-kernel designs alone, GPU 0 -> GPU 1 (docs/PERFORMANCE.md); not a CTest test.
+  add_executable(ferry-nvlink-probe nvlink/nvlink_probe.cu
+                                   ${PROJECT_SOURCE_DIR}/src/nvlink/nvlink_kernels.cu)
+  target_include_directories(ferry-nvlink-probe PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(ferry-nvlink-probe PRIVATE CUDA::cudart_static)
+  set_target_properties(nvlink_tests ferry-nvlink-bench ferry-nvlink-probe PROPERTIES CUDA_STANDARD 20)
 endif()

@@ -48,14 +48,15 @@ TEST(NvlinkMailbox, FourProducerProcessesEveryImmediateOnceBackPressureWhenFull)
       return 0;
     }));
   std::vector<uint32_t> next(4, 0);
-  uint32_t buf[256];
+  ImmRun buf[256];
   uint64_t got = 0;
   auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (got < 4ull * kPer && std::chrono::steady_clock::now() < give_up) {
-    const size_t n = owner->pop_imms(buf);
+    const size_t n = owner->pop_runs(buf);
     for (size_t i = 0; i < n; ++i) {
-      const uint32_t p = buf[i] >> 24, v = buf[i] & 0xFFFFFF;
+      const uint32_t p = buf[i].imm >> 24, v = buf[i].imm & 0xFFFFFF;
       ASSERT_LT(p, 4u);
+      ASSERT_EQ(buf[i].count, 1u);
       ASSERT_EQ(v, next[p]) << "producer " << p << ": its own pushes arrive in order, once";
       next[p]++;
     }
@@ -67,6 +68,30 @@ TEST(NvlinkMailbox, FourProducerProcessesEveryImmediateOnceBackPressureWhenFull)
   uint32_t pushed = 0;
   while (owner->push_imm(pushed)) ++pushed;
   EXPECT_EQ(pushed, kMailboxCapacity);
+}
+
+TEST(NvlinkMailbox, ARunIsOneCellWithItsCount) {
+  Status st;
+  auto owner =
+      ShmSegment::create("/ferry-nvl-unit-c-" + std::to_string(::getpid()), ::getpid(), 0, &st);
+  ASSERT_TRUE(owner) << st.message();
+  ASSERT_TRUE(owner->push_run(7, 1024));
+  ASSERT_TRUE(owner->push_run(8, 1));
+  ASSERT_TRUE(owner->push_run(7, 3));
+  ImmRun buf[8];
+  ASSERT_EQ(owner->pop_runs(buf), 3u);
+  EXPECT_EQ(buf[0].imm, 7u);
+  EXPECT_EQ(buf[0].count, 1024u);
+  EXPECT_EQ(buf[1].imm, 8u);
+  EXPECT_EQ(buf[1].count, 1u);
+  EXPECT_EQ(buf[2].count, 3u);
+  EXPECT_EQ(owner->pop_runs(buf), 0u);
+  // Capacity is in runs, whatever their counts; popped cells are reusable.
+  uint32_t pushed = 0;
+  while (owner->push_run(pushed, 1000)) ++pushed;
+  EXPECT_EQ(pushed, kMailboxCapacity);
+  EXPECT_EQ(owner->pop_runs(buf), 8u);
+  EXPECT_TRUE(owner->push_run(1, 1));
 }
 
 TEST(NvlinkRegionTable, GenerationsMakeStaleKeysFail) {
