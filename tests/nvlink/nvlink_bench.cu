@@ -29,6 +29,30 @@ bool wait_count(std::atomic<uint64_t>& done, uint64_t n) {
   return true;
 }
 
+// Baseline for paged writes: a hand-written gather kernel over the same page
+// lists (in device memory), one warp per page, launches alternating between
+// two streams; no engine, no immediates. What the GPU pair does on its own.
+__global__ void __launch_bounds__(256) gather_pages(const char* src, char* dst, uint64_t page,
+                                                    const uint32_t* sidx, const uint32_t* didx,
+                                                    uint32_t n) {
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t nw = (gridDim.x * blockDim.x) >> 5;
+  for (uint32_t k = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; k < n; k += nw) {
+    const uint4* s = reinterpret_cast<const uint4*>(src + sidx[k] * page);
+    uint4* d = reinterpret_cast<uint4*>(dst + didx[k] * page);
+    const uint64_t m = page / 16;
+    uint64_t i = lane;
+    for (; i + 7 * 32 < m; i += 8 * 32) {
+      uint4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = s[i + u * 32];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) d[i + u * 32] = v[u];
+    }
+    for (; i < m; i += 32) d[i] = s[i];
+  }
+}
+
 int writer(test::Channel& link, test::Channel& parent) {
   auto say = [&](const std::string& s) { parent.send(s); };
   const int dev = 0, peer_dev = 1;
@@ -73,7 +97,10 @@ int writer(test::Channel& link, test::Channel& parent) {
                   (unsigned long long)(len >> 20), iters, ferry, base, 100.0 * ferry / base);
     say(line);
   }
+
   cudaStreamDestroy(s);
+  cudaStream_t ss[2];
+  for (auto& x : ss) cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking);
 
   // The target counts the immediates of the paged writes, as a receiver would
   // (uncounted ones would each go to its callback thread).
@@ -100,6 +127,29 @@ int writer(test::Channel& link, test::Channel& parent) {
       sps.push_back(sp);
       dps.push_back(dp);
     }
+    // The baseline, same page lists, into this process's buffer on GPU 1.
+    std::vector<uint32_t> idx;
+    for (int i = 0; i < kLists; ++i) {
+      idx.insert(idx.end(), sps[i].indices.begin(), sps[i].indices.end());
+      idx.insert(idx.end(), dps[i].indices.begin(), dps[i].indices.end());
+    }
+    nvtest::DevBuf didx(dev, idx.size() * 4);
+    cudaMemcpy(didx.p, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice);
+    const uint32_t* ix = static_cast<const uint32_t*>(didx.p);
+    std::vector<double> base;
+    for (int r = 0; r <= kReps; ++r) {  // r == 0 warms up
+      auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) {
+        const uint32_t* l = ix + size_t(i % kLists) * 2048;
+        gather_pages<<<1056, 256, 0, ss[i % 2]>>>(static_cast<const char*>(src.p),
+                                                  static_cast<char*>(peer_buf.p), page, l,
+                                                  l + 1024, 1024);
+      }
+      cudaDeviceSynchronize();
+      if (r > 0) base.push_back(double(page) * 1024 * iters / secs(Clock::now() - t0) / 1e9);
+    }
+    if (cudaGetLastError() != cudaSuccess) say("FAIL: baseline kernel failed");
+    std::sort(base.begin(), base.end());
     done = 0;
     e.submit_paged_writes(page, 9, sh, sps[0], dst, dps[0], OnDone::counter(done, &errors));
     wait_count(done, 1);
@@ -124,14 +174,33 @@ int writer(test::Channel& link, test::Channel& parent) {
       all += num;
     }
     std::sort(submit_us.begin(), submit_us.end());
-    char line[256];
+    char line[384];
     std::snprintf(line, sizeof line,
                   "paged 1024 x %3llu KiB x %3d: ferry nvlink %6.1f GB/s (median of %d:%s; "
-                  "submit call %.1f us per transfer)",
+                  "submit call %.1f us per transfer), gather kernel alone %6.1f GB/s (%.1f %%)",
                   (unsigned long long)(page >> 10), iters, sorted[kReps / 2], kReps, all.c_str(),
-                  submit_us[kReps / 2]);
+                  submit_us[kReps / 2], base[kReps / 2], 100.0 * sorted[kReps / 2] / base[kReps / 2]);
     say(line);
   }
+
+  // Latency baseline: a 4 KiB cudaMemcpyPeerAsync to GPU 1 in this process,
+  // from the call to its event seen complete (no other process, no immediate).
+  std::vector<double> base_us;
+  {
+    cudaEvent_t ev;
+    cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    for (int i = 0; i < 2000; ++i) {
+      auto t0 = Clock::now();
+      cudaMemcpyPeerAsync(peer_buf.p, peer_dev, src.p, dev, 4096, ss[0]);
+      cudaEventRecord(ev, ss[0]);
+      while (cudaEventQuery(ev) == cudaErrorNotReady) {
+      }
+      if (i >= 100) base_us.push_back(secs(Clock::now() - t0) * 1e6);
+    }
+    cudaEventDestroy(ev);
+    std::sort(base_us.begin(), base_us.end());
+  }
+  for (auto& x : ss) cudaStreamDestroy(x);
 
   // Immediate latency: 4 KiB write with imm, the target answers with one; RTT / 2.
   link.send("desc " + sdesc.to_hex());
@@ -161,6 +230,12 @@ int writer(test::Channel& link, test::Channel& parent) {
       "imm latency (4 KiB write + imm, counter reached in the other process, RTT/2 of %d): "
       "p50 %.2f us, p90 %.2f us, p99 %.2f us",
       kPings - 100, pct(0.5), pct(0.9), pct(0.99));
+  say(line);
+  std::snprintf(line, sizeof line,
+                "baseline: 4 KiB cudaMemcpyPeerAsync in one process, call to event complete: "
+                "p50 %.2f us, p99 %.2f us (ferry p50 / baseline p50 = %.2f)",
+                base_us[base_us.size() / 2], base_us[base_us.size() * 99 / 100],
+                pct(0.5) / base_us[base_us.size() / 2]);
   say(line);
   if (errors.load() != 0) say("FAIL: " + std::to_string(errors.load()) + " transfers failed");
   link.send("quit");

@@ -128,14 +128,32 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
     std::atomic<bool> done{false}, failed{false};
     const int kind = r % 4;
     std::string what;
-    if (kind == 0) {
-      // Single write: small (gather kernel) or >= 4 MiB (copy engines), any alignment.
-      const uint64_t len = r % 8 == 0 ? rnd(4 << 20, 12 << 20) : rnd(1, 3 << 20);
+    if (kind == 0 && r % 8 == 0) {
+      // One write of >= 4 MiB: copy engines, any alignment.
+      const uint64_t len = rnd(4 << 20, 12 << 20);
       const uint64_t so = rnd(0, kSrcLen - len), doff = rnd(0, kTargetLen - len);
       e.submit_single_write(len, imm, sh, so, dst, doff, OnDone::flag(done, &failed));
       segs.push_back({doff, len, seed, so});
       expect = ImmPlan::single_write(len, WriteRoute{}, 1);
       what = "single " + std::to_string(len) + " B";
+    } else if (kind == 0) {
+      // 1-4 small writes back to back, any alignment, each in its own 8 MiB band:
+      // a lone one on an idle GPU takes the copy engine, the others the kernel.
+      const uint64_t k = rnd(1, 4);
+      std::atomic<uint64_t> n_done{0}, n_failed{0};
+      for (uint64_t t = 0; t < k; ++t) {
+        const uint64_t len = rnd(1, 3 << 20), so = rnd(0, kSrcLen - len);
+        const uint64_t doff = t * (8 << 20) + rnd(0, (8 << 20) - len);
+        e.submit_single_write(len, imm, sh, so, dst, doff, OnDone::counter(n_done, &n_failed));
+        segs.push_back({doff, len, seed, so});
+        expect += ImmPlan::single_write(len, WriteRoute{}, 1);
+      }
+      const auto give_up = std::chrono::steady_clock::now() + 60s;
+      while (n_done.load() < k && std::chrono::steady_clock::now() < give_up) {
+      }
+      failed = n_done.load() < k || n_failed.load() != 0;
+      done = true;
+      what = std::to_string(k) + " single writes";
     } else if (kind == 1) {
       static const uint64_t kPages[] = {4096, 65536, 3000, 12345, 256 << 10};
       const uint64_t page = kPages[rnd(0, 4)];
