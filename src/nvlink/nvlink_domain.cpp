@@ -39,8 +39,11 @@ constexpr uint32_t kMaxBatchOps = 4096;  // ops per launch
 // A batch is launched once it is this big, when poll() runs without a post
 // since the last poll (the worker has nothing more to add right now), or at
 // once when the GPU has nothing else of ours to do (a lone small write should
-// not wait for a worker iteration).
-constexpr uint32_t kFlushOps = 1024;
+// not wait for a worker iteration). Under load a launch takes several
+// transfers: a launch costs the worker ~4 us, and at 4 KiB pages one launch
+// per 1 024-page transfer held the engine to 210 GB/s where 4 096 ops per
+// launch reach 280-320 (ferry-nvlink-bench, docs/PERFORMANCE.md).
+constexpr uint32_t kFlushOps = kMaxBatchOps;
 constexpr uint64_t kFlushBytes = 16 << 20;
 // Worker feeding (core::DomainInfo): a launch covers as many pages as the
 // worker hands over, so hand over several transfers' worth per iteration.
