@@ -33,7 +33,7 @@ namespace {
 // <= 64 KiB ops of the next gather launch.
 constexpr uint64_t kCopyEngineMin = 4 << 20;
 constexpr uint64_t kLoneCopyMax = 256 << 10;
-constexpr uint32_t kBatches = 32;        // launches in flight
+constexpr uint32_t kBatches = 32;  // launches in flight
 constexpr uint32_t kStreams = 2;
 constexpr uint32_t kMaxBatchOps = 4096;  // ops per launch
 // A batch is launched once it is this big, when poll() runs without a post
@@ -711,8 +711,8 @@ size_t NvlinkDomain::poll(std::span<core::Completion> out) {
     }
     ImmRun r = inbox_[inbox_pos_++];
     if (r.count == 0) continue;  // nothing arrived (a writer of another build)
-    while (inbox_pos_ < inbox_len_ && inbox_[inbox_pos_].imm == r.imm &&
-           r.count < UINT32_MAX / 2 && inbox_[inbox_pos_].count < UINT32_MAX / 2 - r.count)
+    while (inbox_pos_ < inbox_len_ && inbox_[inbox_pos_].imm == r.imm && r.count < UINT32_MAX / 2 &&
+           inbox_[inbox_pos_].count < UINT32_MAX / 2 - r.count)
       r.count += inbox_[inbox_pos_++].count;
     core::Completion& c = out[n++];
     c = core::Completion{};

@@ -32,9 +32,9 @@ bool wait_count(std::atomic<uint64_t>& done, uint64_t n) {
 // Baseline for paged writes: a hand-written gather kernel over the same page
 // lists (in device memory), one warp per page, launches alternating between
 // two streams; no engine, no immediates. What the GPU pair does on its own.
-__global__ void __launch_bounds__(256) gather_pages(const char* src, char* dst, uint64_t page,
-                                                    const uint32_t* sidx, const uint32_t* didx,
-                                                    uint32_t n) {
+__global__ void __launch_bounds__(256)
+    gather_pages(const char* src, char* dst, uint64_t page, const uint32_t* sidx,
+                 const uint32_t* didx, uint32_t n) {
   const uint32_t lane = threadIdx.x & 31;
   const uint32_t nw = (gridDim.x * blockDim.x) >> 5;
   for (uint32_t k = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; k < n; k += nw) {
@@ -142,8 +142,8 @@ int writer(test::Channel& link, test::Channel& parent) {
       for (int i = 0; i < iters; ++i) {
         const uint32_t* l = ix + size_t(i % kLists) * 2048;
         gather_pages<<<1056, 256, 0, ss[i % 2]>>>(static_cast<const char*>(src.p),
-                                                  static_cast<char*>(peer_buf.p), page, l,
-                                                  l + 1024, 1024);
+                                                  static_cast<char*>(peer_buf.p), page, l, l + 1024,
+                                                  1024);
       }
       cudaDeviceSynchronize();
       if (r > 0) base.push_back(double(page) * 1024 * iters / secs(Clock::now() - t0) / 1e9);
@@ -179,7 +179,8 @@ int writer(test::Channel& link, test::Channel& parent) {
                   "paged 1024 x %3llu KiB x %3d: ferry nvlink %6.1f GB/s (median of %d:%s; "
                   "submit call %.1f us per transfer), gather kernel alone %6.1f GB/s (%.1f %%)",
                   (unsigned long long)(page >> 10), iters, sorted[kReps / 2], kReps, all.c_str(),
-                  submit_us[kReps / 2], base[kReps / 2], 100.0 * sorted[kReps / 2] / base[kReps / 2]);
+                  submit_us[kReps / 2], base[kReps / 2],
+                  100.0 * sorted[kReps / 2] / base[kReps / 2]);
     say(line);
   }
 

@@ -22,14 +22,13 @@ namespace {
 using ferry::nvlink::CopyOp;
 using Clock = std::chrono::steady_clock;
 
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,                  \
-                   cudaGetErrorString(e_));                                           \
-      std::exit(1);                                                                   \
-    }                                                                                 \
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
   } while (0)
 
 std::vector<std::string> report;
@@ -60,9 +59,9 @@ __global__ void __launch_bounds__(256) k_block(const CopyOp* ops) {
 }
 
 // Index lists instead of ops: warp per page.
-__global__ void __launch_bounds__(256) k_index(const char* src, char* dst, uint32_t page,
-                                               const uint32_t* sidx, const uint32_t* didx,
-                                               uint32_t n) {
+__global__ void __launch_bounds__(256)
+    k_index(const char* src, char* dst, uint32_t page, const uint32_t* sidx, const uint32_t* didx,
+            uint32_t n) {
   const uint32_t lane = threadIdx.x & 31;
   const uint32_t w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const uint32_t nw = (gridDim.x * blockDim.x) >> 5;
@@ -129,8 +128,8 @@ void throughput(const Bufs& b) {
   std::mt19937_64 rng(1);
   for (uint64_t page : {4096ull, 65536ull}) {
     const uint32_t slots = uint32_t(std::min<uint64_t>(b.len / page, 16384));
-    const uint32_t per_page = uint32_t((page + ferry::nvlink::kMaxOpBytes - 1) /
-                                       ferry::nvlink::kMaxOpBytes);
+    const uint32_t per_page =
+        uint32_t((page + ferry::nvlink::kMaxOpBytes - 1) / ferry::nvlink::kMaxOpBytes);
     const uint32_t nops = kPages * per_page;
     CopyOp* hops;
     CK(cudaHostAlloc(&hops, sizeof(CopyOp) * nops * kBatches, cudaHostAllocMapped));
@@ -177,9 +176,8 @@ void throughput(const Bufs& b) {
           [&](int k, cudaStream_t s) {
             CK(ferry::nvlink::launch_gather(dops + size_t(k) * nops, nops, s));
           });
-      run(("ops in host memory, k_block" + sfx).c_str(), streams, [&](int k, cudaStream_t s) {
-        k_block<<<nops, 256, 0, s>>>(hops + size_t(k) * nops);
-      });
+      run(("ops in host memory, k_block" + sfx).c_str(), streams,
+          [&](int k, cudaStream_t s) { k_block<<<nops, 256, 0, s>>>(hops + size_t(k) * nops); });
       for (uint32_t grid : {264u, 528u, 1056u}) {
         const std::string n = "index lists, warp per page, grid " + std::to_string(grid) + sfx;
         run(n.c_str(), streams, [&](int k, cudaStream_t s) {
