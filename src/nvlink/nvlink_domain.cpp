@@ -30,7 +30,7 @@ namespace {
 
 // Writes this large go to the copy engines (cudaMemcpyAsync), which reach
 // ~395 GB/s on their own and leave the SMs alone; smaller ones are cut into
-// <= 64 KiB ops of the next gather launch.
+// <= 32 KiB ops of the next gather launch (or the copy engine for a lone write).
 constexpr uint64_t kCopyEngineMin = 4 << 20;
 constexpr uint64_t kLoneCopyMax = 256 << 10;
 constexpr uint32_t kBatches = 32;  // launches in flight
