@@ -139,6 +139,16 @@ class NvlinkDomain final : public core::Domain {
                       "nvlink: two-sided send/recv is not implemented; use a fabric group")};
   }
   size_t poll(std::span<core::Completion> out) override;
+  // An idle worker (adaptive polling) blocks on the mailbox's wake socket, but
+  // only with no copy of ours in flight: CUDA events have no descriptor, so
+  // then it naps and polls them.
+  int wait_fd() override { return shm_->wake_fd(); }
+  bool can_block() override {
+    if (issued_ > 0 || !done_.empty() || inbox_pos_ != inbox_len_) return false;
+    if (const Batch* b = open_batch(); b != nullptr && !b->items.empty()) return false;
+    armed_ = true;
+    return shm_->prepare_to_sleep();
+  }
 
  private:
   struct Target {
@@ -246,6 +256,7 @@ class NvlinkDomain final : public core::Domain {
   // Runs taken from our mailbox but not yet reported (poll's `out` was full).
   std::array<ImmRun, 256> inbox_{};
   size_t inbox_pos_ = 0, inbox_len_ = 0;
+  bool armed_ = false;  // prepare_to_sleep ran since the last poll
 };
 
 std::unique_ptr<core::Domain> NvlinkDomain::open(const core::DomainOptions& options,
@@ -646,6 +657,10 @@ void NvlinkDomain::flush() {
 }
 
 size_t NvlinkDomain::poll(std::span<core::Completion> out) {
+  if (armed_) {
+    armed_ = false;
+    shm_->woken();
+  }
   if (!posted_since_poll_) {
     if (Batch* b = open_batch(); b != nullptr && !b->items.empty()) {
       cudaSetDevice(device_);

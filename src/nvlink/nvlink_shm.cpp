@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +20,34 @@ namespace {
 Status sys_error(const char* call, const std::string& name) {
   return Status(Code::kUnavailable,
                 fmt::format("nvlink: {}('{}') failed: {}", call, name, std::strerror(errno)));
+}
+
+// A path in the file system, not the abstract namespace: processes in
+// different network namespaces (one host) still reach it.
+std::string wake_path(const std::string& segment) {
+  return "/dev/shm" + segment + ".wake";
+}
+
+bool fill_addr(const std::string& path, sockaddr_un* a) {
+  *a = sockaddr_un{};
+  a->sun_family = AF_UNIX;
+  if (path.size() >= sizeof(a->sun_path)) return false;
+  std::memcpy(a->sun_path, path.data(), path.size());
+  return true;
+}
+
+// The owner's wake socket; -1 when it cannot be made (the owner naps instead).
+int bind_wake_socket(const std::string& path) {
+  sockaddr_un a;
+  if (!fill_addr(path, &a)) return -1;
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  ::unlink(path.c_str());  // a file left by a killed process of a reused pid
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 }  // namespace
 
@@ -53,6 +83,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
   h->region_capacity = kRegionCapacity;
   h->enqueue_pos.store(0, std::memory_order_relaxed);
   h->dequeue_pos = 0;
+  h->sleeping.store(0, std::memory_order_relaxed);
   MailboxCell* cells = s->cells();
   for (uint32_t i = 0; i < kMailboxCapacity; ++i) {
     new (&cells[i]) MailboxCell{};
@@ -60,6 +91,8 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
   }
   RegionEntry* regs = s->regions();
   for (uint32_t i = 0; i < kRegionCapacity; ++i) new (&regs[i]) RegionEntry{};
+  s->wake_fd_ = bind_wake_socket(wake_path(name));
+  if (s->wake_fd_ >= 0) s->wake_path_ = wake_path(name);
   // The magic last, released: a reader that sees it sees an initialised segment.
   std::atomic_ref<uint64_t>(h->magic).store(kShmMagic, std::memory_order_release);
   *error = Status::ok();
@@ -92,6 +125,8 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, Status* er
   std::unique_ptr<ShmSegment> s(new ShmSegment());
   s->name_ = name;
   s->base_ = p;
+  s->wake_path_ = wake_path(name);
+  s->wake_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   const ShmHeader& h = s->header();
   if (std::atomic_ref<const uint64_t>(h.magic).load(std::memory_order_acquire) != kShmMagic ||
       h.version != kShmVersion || h.mailbox_capacity != kMailboxCapacity ||
@@ -107,7 +142,11 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, Status* er
 
 ShmSegment::~ShmSegment() {
   if (base_ != nullptr) ::munmap(base_, kShmBytes);
-  if (owner_) ::shm_unlink(name_.c_str());
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  if (owner_) {
+    ::shm_unlink(name_.c_str());
+    if (!wake_path_.empty()) ::unlink(wake_path_.c_str());
+  }
 }
 
 bool ShmSegment::push_run(uint32_t imm, uint32_t count) {
@@ -126,7 +165,42 @@ bool ShmSegment::push_run(uint32_t imm, uint32_t count) {
   cell->imm.store(imm, std::memory_order_relaxed);
   cell->count.store(count, std::memory_order_relaxed);
   cell->seq.store(uint32_t(pos + 1), std::memory_order_release);
+  // Pairs with the fence in prepare_to_sleep: either the owner sees this cell
+  // before blocking, or this sees its announcement and wakes it.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (h.sleeping.load(std::memory_order_relaxed) != 0 &&
+      h.sleeping.exchange(0, std::memory_order_relaxed) != 0 && wake_fd_ >= 0) {
+    sockaddr_un a;
+    if (fill_addr(wake_path_, &a)) {
+      const char b = 1;
+      // Best effort: a full socket buffer means the owner is being woken
+      // anyway, a gone owner needs no waking; its poll has a 2 ms timeout.
+      (void)::sendto(wake_fd_, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&a),
+                     sizeof(a));
+    }
+  }
   return true;
+}
+
+bool ShmSegment::prepare_to_sleep() {
+  if (wake_fd_ < 0) return false;
+  ShmHeader& h = header();
+  h.sleeping.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const uint64_t pos = h.dequeue_pos;
+  if (cells()[pos & (kMailboxCapacity - 1)].seq.load(std::memory_order_relaxed) ==
+      uint32_t(pos + 1)) {
+    h.sleeping.store(0, std::memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
+void ShmSegment::woken() {
+  header().sleeping.store(0, std::memory_order_relaxed);
+  char buf[64];
+  while (wake_fd_ >= 0 && ::recv(wake_fd_, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+  }
 }
 
 size_t ShmSegment::pop_runs(std::span<ImmRun> out) {

@@ -21,7 +21,7 @@
 namespace ferry::nvlink {
 
 inline constexpr uint64_t kShmMagic = 0x4b4e4c564e595246ull;  // "FRYNVLNK"
-inline constexpr uint32_t kShmVersion = 2;
+inline constexpr uint32_t kShmVersion = 3;
 inline constexpr uint32_t kMailboxCapacity = 1u << 16;  // power of two
 inline constexpr uint32_t kRegionCapacity = 4096;
 inline constexpr size_t kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
@@ -68,7 +68,9 @@ struct ShmHeader {
   uint32_t pad0;
   alignas(64) std::atomic<uint64_t> enqueue_pos;
   alignas(64) uint64_t dequeue_pos;  // owner only
-  alignas(64) uint8_t pad1[64];
+  // 1 while the owner's worker blocks on its wake socket: the next writer to
+  // push clears it and sends one datagram (see ShmSegment::prepare_to_sleep).
+  alignas(64) std::atomic<uint32_t> sleeping;
 };
 
 inline constexpr size_t kShmBytes = sizeof(ShmHeader) + sizeof(MailboxCell) * kMailboxCapacity +
@@ -96,11 +98,21 @@ class ShmSegment {
   const std::string& name() const { return name_; }
 
   // Any process: `count` (>= 1) writes carrying `imm`, as one cell; false
-  // when the ring is full (back-pressure; retry later).
+  // when the ring is full (back-pressure; retry later). Wakes a sleeping owner.
   bool push_run(uint32_t imm, uint32_t count);
   bool push_imm(uint32_t imm) { return push_run(imm, 1); }
   // Owner only: up to out.size() runs in push order.
   size_t pop_runs(std::span<ImmRun> out);
+
+  // Owner only: a datagram socket that becomes readable when a writer pushes
+  // while the owner sleeps, so an idle worker can block in poll(2) instead of
+  // napping; -1 when it could not be made (the worker naps then).
+  int wake_fd() const { return wake_fd_; }
+  // Owner only: announces the owner is about to block; false (and not
+  // announced) when the mailbox already holds a run.
+  bool prepare_to_sleep();
+  // Owner only: after blocking: withdraws the announcement, drains the socket.
+  void woken();
 
   // Owner only: publishes a region; returns its rkey (generation << 32 | slot)
   // or 0 when the table is full.
@@ -115,6 +127,8 @@ class ShmSegment {
   std::string name_;
   void* base_ = nullptr;
   bool owner_ = false;
+  int wake_fd_ = -1;        // owner: bound socket; writer: unbound, to send from
+  std::string wake_path_;   // the owner's socket, a file beside the segment
   uint32_t next_free_ = 0;  // owner: slots never used yet start here
   uint32_t free_list_[kRegionCapacity];
   uint32_t free_count_ = 0;

@@ -1,7 +1,7 @@
 // ferry-nvlink-bench: the NVLink domain on a GPU pair against
 // cudaMemcpyPeerAsync measured in the same run (docs/PERFORMANCE.md,
 // "NVLink domain"). Writer on GPU 0, target on GPU 1, two processes.
-//   ferry-nvlink-bench [--out FILE]
+//   ferry-nvlink-bench [--out FILE] [--adaptive]
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -53,11 +53,14 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+bool g_busy = true;  // --adaptive: both engines poll adaptively (the default)
+
 int writer(test::Channel& link, test::Channel& parent) {
   auto say = [&](const std::string& s) { parent.send(s); };
   const int dev = 0, peer_dev = 1;
   cudaSetDevice(dev);
-  TransferEngine e(nvtest::gpu_config("nvlink", dev, /*busy=*/true));
+  TransferEngine e(nvtest::gpu_config("nvlink", dev, g_busy));
+  say(std::string("poll mode: ") + (g_busy ? "busy" : "adaptive"));
   nvtest::DevBuf src(dev, kTargetLen);
   cudaMemset(src.p, 1, kTargetLen);
   auto [sh, sdesc] = e.reg_mr(src.p, kTargetLen, Device::cuda(dev));
@@ -250,8 +253,10 @@ int writer(test::Channel& link, test::Channel& parent) {
 
 int main(int argc, char** argv) {
   std::string out;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--out") out = argv[i + 1];
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--out" && i + 1 < argc) out = argv[i + 1];
+    if (std::string(argv[i]) == "--adaptive") ferry::g_busy = false;
+  }
   if (ferry::nvtest::gpu_count() < 2) {
     std::printf("ferry-nvlink-bench: needs two GPUs\n");
     return 2;
@@ -260,8 +265,8 @@ int main(int argc, char** argv) {
   auto [ra, rb] = ferry::nvtest::run_pair(
       ferry::writer,
       [](ferry::test::Channel& link) {
-        return ferry::nvtest::serve_gpu_target(link, ferry::nvtest::gpu_config("nvlink", 1, true),
-                                               1, ferry::kTargetLen);
+        return ferry::nvtest::serve_gpu_target(
+            link, ferry::nvtest::gpu_config("nvlink", 1, ferry::g_busy), 1, ferry::kTargetLen);
       },
       &report);
   if (!out.empty()) {

@@ -1,6 +1,7 @@
 // NVLink domain parts that need no GPU: the address codec and the
 // shared-memory mailbox across processes.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <set>
@@ -92,6 +93,82 @@ TEST(NvlinkMailbox, ARunIsOneCellWithItsCount) {
   EXPECT_EQ(pushed, kMailboxCapacity);
   EXPECT_EQ(owner->pop_runs(buf), 8u);
   EXPECT_TRUE(owner->push_run(1, 1));
+}
+
+bool readable(int fd, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, timeout_ms) == 1 && (p.revents & POLLIN) != 0;
+}
+
+TEST(NvlinkMailbox, ASleepingOwnerIsWokenByAnotherProcessPush) {
+  Status st;
+  const std::string name = "/ferry-nvl-unit-w-" + std::to_string(::getpid());
+  auto owner = ShmSegment::create(name, ::getpid(), 0, &st);
+  ASSERT_TRUE(owner) << st.message();
+  ASSERT_GE(owner->wake_fd(), 0);
+  // Awake owner: a push sends nothing.
+  ASSERT_TRUE(owner->push_run(1, 1));
+  EXPECT_FALSE(readable(owner->wake_fd(), 0));
+  // A run already waiting: no sleeping.
+  EXPECT_FALSE(owner->prepare_to_sleep());
+  ImmRun buf[4];
+  ASSERT_EQ(owner->pop_runs(buf), 1u);
+  // Empty: the owner may sleep, and a push from another process wakes it.
+  ASSERT_TRUE(owner->prepare_to_sleep());
+  test::Peer writer([&](test::Channel&) {
+    Status s;
+    auto seg = ShmSegment::open(name, &s);
+    return seg && seg->push_run(5, 3) ? 0 : 2;
+  });
+  EXPECT_TRUE(readable(owner->wake_fd(), 10000)) << "no wake-up within 10 s";
+  EXPECT_EQ(writer.wait(), 0);
+  owner->woken();
+  EXPECT_FALSE(readable(owner->wake_fd(), 0)) << "woken() drains the socket";
+  ASSERT_EQ(owner->pop_runs(buf), 1u);
+  EXPECT_EQ(buf[0].imm, 5u);
+  EXPECT_EQ(buf[0].count, 3u);
+  // One wake per sleep: the writer cleared the announcement.
+  ASSERT_TRUE(owner->push_run(6, 1));
+  EXPECT_FALSE(readable(owner->wake_fd(), 0));
+}
+
+// Sleep / push races: every time the owner blocks, a wake-up must come while
+// runs are still to arrive; a lost one shows as a blocked poll that times out
+// with a run waiting in the ring.
+TEST(NvlinkMailbox, NoLostWakeUpsUnderRacingPushes) {
+  Status st;
+  const std::string name = "/ferry-nvl-unit-x-" + std::to_string(::getpid());
+  auto owner = ShmSegment::create(name, ::getpid(), 0, &st);
+  ASSERT_TRUE(owner) << st.message();
+  constexpr uint32_t kRuns = 20000;
+  test::Peer writer([&](test::Channel&) {
+    Status s;
+    auto seg = ShmSegment::open(name, &s);
+    if (!seg) return 2;
+    for (uint32_t i = 0; i < kRuns; ++i) {
+      while (!seg->push_run(i, 1)) usleep(10);
+      if (i % 7 == 0) usleep(i % 50);  // let the owner fall asleep now and then
+    }
+    return 0;
+  });
+  uint32_t got = 0, slept = 0;
+  ImmRun buf[64];
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (got < kRuns && std::chrono::steady_clock::now() < give_up) {
+    const size_t n = owner->pop_runs(buf);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(buf[i].imm, got++);
+    if (n > 0 || !owner->prepare_to_sleep()) continue;
+    ++slept;
+    const bool woke = readable(owner->wake_fd(), 200);
+    owner->woken();
+    ImmRun one[1];
+    // Timed out with a run waiting: the wake-up was lost.
+    ASSERT_FALSE(!woke && owner->pop_runs(one) == 1) << "lost wake-up at sleep " << slept;
+  }
+  std::printf("%u runs, the owner blocked %u times\n", got, slept);
+  EXPECT_EQ(got, kRuns);
+  EXPECT_GT(slept, 0u);
+  EXPECT_EQ(writer.wait(), 0);
 }
 
 TEST(NvlinkRegionTable, GenerationsMakeStaleKeysFail) {
