@@ -2,11 +2,14 @@
 // cudaMemcpyPeerAsync measured in the same run (docs/PERFORMANCE.md,
 // "NVLink domain"). Writer on GPU 0, target on GPU 1, two processes.
 //   ferry-nvlink-bench [--out FILE] [--adaptive]
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "nvlink_pair.h"
 
@@ -240,6 +243,46 @@ int writer(test::Channel& link, test::Channel& parent) {
                 "p50 %.2f us, p99 %.2f us (ferry p50 / baseline p50 = %.2f)",
                 base_us[base_us.size() / 2], base_us[base_us.size() * 99 / 100],
                 pct(0.5) / base_us[base_us.size() / 2]);
+  say(line);
+  // Sparse pings, 1 ms apart: both workers have gone idle (adaptive polling
+  // blocks after 200 us), so each one-way trip includes waking the target.
+  constexpr int kSparse = 300;
+  link.send("pong 21 22 " + std::to_string(kSparse) + " 4096");
+  link.recv_str(10s);
+  std::vector<double> sparse;
+  for (int i = 0; i < kSparse; ++i) {
+    std::this_thread::sleep_for(1ms);  // pacing, not synchronisation
+    auto t0 = Clock::now();
+    e.submit_single_write(4096, 21, sh, 0, dst, 0, OnDone::none());
+    auto give_up = t0 + 10s;
+    while (!back.try_consume(1))
+      if (Clock::now() > give_up) {
+        say("FAIL: sparse pong lost");
+        return 1;
+      }
+    if (i >= 20) sparse.push_back(secs(Clock::now() - t0) * 1e6 / 2);
+  }
+  link.recv_str(10s);
+  std::sort(sparse.begin(), sparse.end());
+  std::snprintf(
+      line, sizeof line,
+      "imm latency, pings 1 ms apart (RTT/2 of %d): p50 %.2f us, p90 %.2f us, p99 %.2f us",
+      kSparse - 20, sparse[sparse.size() / 2], sparse[sparse.size() * 9 / 10],
+      sparse[sparse.size() * 99 / 100]);
+  say(line);
+  // CPU an idle engine burns: this process, nothing submitted for a second.
+  auto cpu_ms = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+           (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
+  };
+  std::this_thread::sleep_for(300ms);  // past the 200 us spin before blocking
+  const double c0 = cpu_ms();
+  const auto w0 = Clock::now();
+  std::this_thread::sleep_for(1s);
+  std::snprintf(line, sizeof line, "idle engine: %.1f ms of CPU per second of wall time",
+                (cpu_ms() - c0) / secs(Clock::now() - w0));
   say(line);
   if (errors.load() != 0) say("FAIL: " + std::to_string(errors.load()) + " transfers failed");
   link.send("quit");
