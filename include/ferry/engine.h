@@ -49,9 +49,12 @@ struct EngineConfig {
   // libibverbs lists a device with an ACTIVE port that is not EFA, else "efa"
   // when libfabric reports it, else the constructor throws kUnavailable
   // listing what it probed; the choice and its reason are logged at info and
-  // provider() returns it. Empty = the FERRY_PROVIDER environment variable
-  // (which may say "auto"), else "auto". A named provider is never silently
-  // replaced.
+  // provider() returns it. A "verbs" choice whose domains fail to open falls
+  // back to "efa" when libfabric reports it (both logged at warn); when there
+  // is no efa or it fails too, the constructor throws with the verbs
+  // failure's code, naming both attempts. Empty = the FERRY_PROVIDER
+  // environment variable (which may say "auto"), else "auto". A named
+  // provider is never silently replaced.
   std::string provider;
   // Provider "verbs" only: the GID table index every NIC uses (`show_gids`
   // lists them). -1 = FERRY_VERBS_GID_INDEX if set, else automatic (on RoCE

@@ -6,6 +6,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import logging
+import operator
 import threading
 import weakref
 from typing import Any, Callable, Generator, Iterable, Optional, Sequence, Union
@@ -145,6 +146,18 @@ def _desc_list(dsts: Iterable[Any]) -> list:
     return out
 
 
+def _gid_index(value: Any) -> int:
+    # The range is the engine's to check (the same error as from C++); refused here
+    # is only what cannot become a C int, as InvalidArgument rather than TypeError.
+    try:
+        index = operator.index(value) if not isinstance(value, bool) else None
+    except TypeError:
+        index = None
+    if index is None or not -(2**31) <= index < 2**31:
+        raise InvalidArgument(f"verbs_gid_index {value!r} (-1 = automatic, else a GID table index)")
+    return index
+
+
 class TransferEngine:
     """RDMA-style transfers (one-sided writes with 32-bit immediates, send/recv).
 
@@ -164,6 +177,12 @@ class TransferEngine:
         groups: advanced: a list of ferry.Group (one per device, e.g. per GPU); replaces
             nics/worker_cpu.
         send_buffer_size, send_buffer_count: the pool that copies submit_send payloads.
+        verbs_gid_index: provider "verbs" only: the GID table index every NIC uses
+            (``show_gids`` lists them). -1 (default): the FERRY_VERBS_GID_INDEX
+            environment variable if set, else automatic (on RoCE the RoCEv2 GID of the
+            interface's IP address, on InfiniBand index 0). Below -1 raises
+            InvalidArgument; an index naming no populated entry fails start-up with
+            InvalidArgument naming the NIC. Ignored, with a warning, by other providers.
 
     Use it as a context manager, or call stop(): ``with TransferEngine(...) as e: ...``.
     Callbacks (on_done, receive, immediates) run on the engine's callback thread with the
@@ -184,9 +203,11 @@ class TransferEngine:
         groups: Optional[Sequence[Group]] = None,
         send_buffer_size: int = 64 << 10,
         send_buffer_count: int = 256,
+        verbs_gid_index: int = -1,
     ) -> None:
         if poll_mode not in ("adaptive", "busy"):
             raise InvalidArgument(f"poll_mode must be 'adaptive' or 'busy', got {poll_mode!r}")
+        verbs_gid_index = _gid_index(verbs_gid_index)
         if isinstance(nics, str):
             nics = [nics]
         if groups is None:
@@ -203,6 +224,7 @@ class TransferEngine:
             float(default_timeout or 0.0),
             send_buffer_size,
             send_buffer_count,
+            verbs_gid_index,
         )
         with _live_lock:
             _live_engines.add(self)

@@ -430,10 +430,11 @@ class PyEngine {
  public:
   PyEngine(std::string provider, std::vector<GroupSpec> groups, size_t nics_per_group, bool busy,
            int callback_cpu, double default_timeout, size_t send_buffer_size,
-           size_t send_buffer_count)
+           size_t send_buffer_count, int verbs_gid_index)
       : shared_(std::make_shared<Shared>()) {
     EngineConfig c;
     c.provider = std::move(provider);
+    c.verbs_gid_index = verbs_gid_index;  // checked by the engine, as from C++
     c.groups.clear();
     for (auto& g : groups) {
       GroupConfig gc;
@@ -1270,10 +1271,11 @@ NB_MODULE(_ferry, m) {
   using E = PyEngine;
   const auto none = nb::none();
   nb::class_<E>(m, "Engine", "The C++ TransferEngine (use ferry.TransferEngine).")
-      .def(nb::init<std::string, std::vector<GroupSpec>, size_t, bool, int, double, size_t,
-                    size_t>(),
+      .def(nb::init<std::string, std::vector<GroupSpec>, size_t, bool, int, double, size_t, size_t,
+                    int>(),
            "provider"_a, "groups"_a, "nics_per_group"_a, "busy"_a, "callback_cpu"_a,
-           "default_timeout"_a, "send_buffer_size"_a, "send_buffer_count"_a)
+           "default_timeout"_a, "send_buffer_size"_a, "send_buffer_count"_a,
+           "verbs_gid_index"_a = -1)
       .def_prop_ro("main_address", &E::main_address)
       .def("addresses", &E::addresses, "group"_a = 0)
       .def_prop_ro("num_groups", &E::num_groups)

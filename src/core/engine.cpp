@@ -231,20 +231,22 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
     const char* env = std::getenv("FERRY_PROVIDER");
     config.provider = env && *env ? env : core::kAutoProvider;
   }
-  if (config.provider == core::kAutoProvider) {
-    const core::ProviderChoice choice = core::resolve_auto_provider();
-    if (!choice.error.is_ok()) throw Error(choice.error);
-    core::log().info("provider auto -> {} ({})", choice.provider, choice.reason);
-    config.provider = choice.provider;
-  }
+  // Before the auto probe: a malformed knob is the caller's error on any host.
   if (config.verbs_gid_index < -1)
     throw Error(Code::kInvalidArgument,
                 fmt::format("EngineConfig: verbs_gid_index {} (-1 = automatic, else a GID table "
                             "index)",
                             config.verbs_gid_index));
-  if (config.verbs_gid_index >= 0 && config.provider != "verbs")
-    core::log().warn("EngineConfig::verbs_gid_index {} ignored: provider is '{}'",
-                     config.verbs_gid_index, config.provider);
+  const bool auto_provider = config.provider == core::kAutoProvider;
+  core::ProviderProbes probes;
+  core::ProviderChoice choice;
+  if (auto_provider) {
+    probes = core::host_provider_probes();
+    choice = core::resolve_provider(probes);
+    if (!choice.error.is_ok()) throw Error(choice.error);
+    core::log().info("provider auto -> {} ({})", choice.provider, choice.reason);
+    config.provider = choice.provider;
+  }
   if (config.fault_injection.empty()) {
     const char* env = std::getenv("FERRY_FAULT_INJECTION");
     if (env && *env) config.fault_injection = env;
@@ -274,16 +276,38 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   im.shared.recv_pools = &im.recv_pools;
 
   validate_against_topology(config);
-  for (size_t g = 0; g < config.groups.size(); ++g) {
-    auto w = std::make_unique<core::Worker>(&im.shared, g, config.groups[g],
-                                            default_affinity(config.groups[g]));
-    Status st = w->start();
-    if (!st.is_ok()) {
-      stop();
-      throw Error(st);
+  // Every group on one provider, or none open: a failed attempt leaves
+  // nothing behind for the next one (the auto fallback).
+  const auto start_workers = [&](const std::string& provider) -> Status {
+    im.shared.config.provider = provider;
+    for (size_t g = 0; g < config.groups.size(); ++g) {
+      auto w = std::make_unique<core::Worker>(&im.shared, g, config.groups[g],
+                                              default_affinity(config.groups[g]));
+      Status st = w->start();
+      if (!st.is_ok()) {
+        for (auto& started : im.workers) started->stop();
+        im.workers.clear();
+        return st;
+      }
+      im.workers.push_back(std::move(w));
     }
-    im.workers.push_back(std::move(w));
+    return {};
+  };
+  Status started;
+  if (auto_provider) {
+    const core::AutoOpen opened = core::open_auto_provider(
+        choice, probes, start_workers, [](const std::string& m) { core::log().warn("{}", m); });
+    started = opened.error;
+  } else {
+    started = start_workers(config.provider);
   }
+  if (!started.is_ok()) {
+    stop();
+    throw Error(started);
+  }
+  if (config.verbs_gid_index >= 0 && im.shared.config.provider != "verbs")
+    core::log().warn("EngineConfig::verbs_gid_index {} ignored: provider is '{}'",
+                     config.verbs_gid_index, im.shared.config.provider);
   for (size_t g = 1; g < im.workers.size(); ++g) {
     if (im.workers[g]->nics() != im.workers[0]->nics()) {
       stop();

@@ -9,9 +9,9 @@
 
 namespace ferry::core {
 
-ProviderChoice resolve_auto_provider(const std::string& sysfs_root) {
+ProviderProbes host_provider_probes(const std::string& sysfs_root) {
   ProviderProbes probes;
-  probes.verbs = [&sysfs_root](std::string* note) {
+  probes.verbs = [sysfs_root](std::string* note) {
     return verbs::probe_verbs_devices(sysfs_root, note);
   };
   probes.efa = [](std::string* note) {
@@ -22,7 +22,11 @@ ProviderChoice resolve_auto_provider(const std::string& sysfs_root) {
                                        nics.size() > 1 ? ", ..." : "");
     return !nics.empty();
   };
-  return resolve_provider(probes);
+  return probes;
+}
+
+ProviderChoice resolve_auto_provider(const std::string& sysfs_root) {
+  return resolve_provider(host_provider_probes(sysfs_root));
 }
 
 }  // namespace ferry::core

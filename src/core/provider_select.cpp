@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 namespace ferry::core {
 
 namespace {
@@ -38,6 +40,11 @@ std::string device_summary(const std::vector<RdmaDevice>& devices, const std::st
   }
   if (out.empty()) return note.empty() ? "no devices" : note;
   return note.empty() ? out : fmt::format("{} ({})", out, note);
+}
+
+std::string verbs_attempt(const ProviderChoice& failed, const Status& open_error) {
+  return fmt::format("provider auto: verbs ({}) failed to open: {}", failed.reason,
+                     open_error.message());
 }
 
 }  // namespace
@@ -84,6 +91,64 @@ ProviderChoice resolve_provider(const ProviderProbes& probes) {
   if (probes.verbs) p.verbs_devices = probes.verbs(&p.verbs_note);
   if (!choose_verbs(p.verbs_devices) && probes.efa) p.efa = probes.efa(&p.efa_note);
   return choose_provider(p);
+}
+
+ProviderChoice fallback_after_open_failure(const ProviderChoice& failed, const Status& open_error,
+                                           std::optional<bool> efa, const std::string& efa_note) {
+  ProviderChoice c;
+  if (failed.provider != "verbs") {
+    c.error = open_error;
+    return c;
+  }
+  const std::string note = efa_note.empty() ? "fi_getinfo(efa) not run" : efa_note;
+  if (efa.value_or(false)) {
+    c.provider = "efa";
+    c.reason = fmt::format("fallback after verbs failed to open; {}", note);
+    return c;
+  }
+  // Code kOk would make the Status read as success.
+  const Code code = open_error.is_ok() ? Code::kUnavailable : open_error.code();
+  c.error = Status(
+      code, fmt::format("{}; no efa to fall back to: {}", verbs_attempt(failed, open_error), note));
+  return c;
+}
+
+AutoOpen open_auto_provider(const ProviderChoice& choice, const ProviderProbes& probes,
+                            const std::function<Status(const std::string& provider)>& open,
+                            const std::function<void(const std::string&)>& warn) {
+  AutoOpen r;
+  if (!choice.error.is_ok()) {
+    r.error = choice.error;
+    return r;
+  }
+  const Status first = open(choice.provider);
+  if (first.is_ok()) {
+    r.provider = choice.provider;
+    return r;
+  }
+  if (choice.provider != "verbs") {
+    r.error = first;
+    return r;
+  }
+  warn(verbs_attempt(choice, first));
+  std::string efa_note;
+  std::optional<bool> efa;
+  if (probes.efa) efa = probes.efa(&efa_note);
+  const ProviderChoice next = fallback_after_open_failure(choice, first, efa, efa_note);
+  if (!next.error.is_ok()) {
+    r.error = next.error;
+    return r;
+  }
+  warn(fmt::format("provider auto -> {} ({})", next.provider, next.reason));
+  const Status second = open(next.provider);
+  if (second.is_ok()) {
+    r.provider = next.provider;
+    return r;
+  }
+  r.error = Status(first.code(),
+                   fmt::format("{}; then {} ({}) failed to open: {}", verbs_attempt(choice, first),
+                               next.provider, next.reason, second.message()));
+  return r;
 }
 
 }  // namespace ferry::core

@@ -74,10 +74,38 @@ struct ProviderProbes {
 // qualifies; then choose_provider.
 ProviderChoice resolve_provider(const ProviderProbes& probes);
 
-// Provider "auto" on this host: libibverbs' devices described from the sysfs
-// tree at sysfs_root, then (only if no verbs device qualifies) fi_getinfo for
-// efa. In its own translation unit (provider_probe.cpp): it pulls in both
-// NIC families.
+// Listing a device says nothing about whether it opens (memlock limit,
+// permissions on /dev/infiniband/uverbs*, a bad GID index), so a "verbs"
+// choice whose domains fail to open gets a second chance on "efa". The
+// decision: "efa" when `efa` (the probe, run only now: it was skipped while
+// verbs qualified) reports it, its reason saying it is a fallback; else an
+// error with the verbs failure's code naming the verbs attempt and the efa
+// probe's answer. A choice other than "verbs" has no fallback: its
+// open_error comes back as it is.
+ProviderChoice fallback_after_open_failure(const ProviderChoice& failed, const Status& open_error,
+                                           std::optional<bool> efa, const std::string& efa_note);
+
+struct AutoOpen {
+  std::string provider;  // what opened; empty when `error` is set
+  Status error;          // names every attempt when a fallback ran and failed too
+};
+
+// Opens the "auto" choice with `open` (which starts every group's domains
+// for one provider and leaves nothing open when it fails) and, when a
+// "verbs" choice fails, falls back as fallback_after_open_failure decides.
+// The efa probe runs only then. `warn` hears the verbs failure and the
+// fallback; when the fallback fails too, the returned error names both
+// attempts (the caller throws it, so it is not logged twice).
+AutoOpen open_auto_provider(const ProviderChoice& choice, const ProviderProbes& probes,
+                            const std::function<Status(const std::string& provider)>& open,
+                            const std::function<void(const std::string&)>& warn);
+
+// The probes of this host: libibverbs' devices described from the sysfs tree
+// at sysfs_root; fi_getinfo for efa. In their own translation unit
+// (provider_probe.cpp): they pull in both NIC families.
+ProviderProbes host_provider_probes(const std::string& sysfs_root = "/sys/class/infiniband");
+
+// Provider "auto" on this host: resolve_provider(host_provider_probes()).
 ProviderChoice resolve_auto_provider(const std::string& sysfs_root = "/sys/class/infiniband");
 
 }  // namespace ferry::core

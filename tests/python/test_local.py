@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import gc
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -48,6 +49,40 @@ def test_bad_engine_config():
         ferry.TransferEngine("no-such-provider", nics=["lo"])
     with pytest.raises(ferry.InvalidArgument):
         ferry.TransferEngine("shm", groups=[ferry.Group("gpu7")])
+
+
+def test_verbs_gid_index_reaches_the_engine():
+    # No verbs NIC here: the engine's warning that another provider ignores the index is
+    # what shows the value arrived in EngineConfig::verbs_gid_index. A fresh process,
+    # because the C++ log level is fixed at its first message.
+    code = """if True:
+        import numpy as np, ferry
+        for index in (3, np.int32(7), -1):
+            with ferry.TransferEngine("shm", nics=["shm"], verbs_gid_index=index) as e:
+                assert e.provider == "shm"
+        print("ok")
+    """
+    env = dict(os.environ, FERRY_LOG="warn")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+    assert "EngineConfig::verbs_gid_index 3 ignored: provider is 'shm'" in r.stderr, r.stderr
+    assert "EngineConfig::verbs_gid_index 7 ignored: provider is 'shm'" in r.stderr, r.stderr
+    assert r.stderr.count("verbs_gid_index") == 2, r.stderr  # -1: nothing to ignore
+
+
+@pytest.mark.parametrize("provider", ["shm", None])  # None: "auto", refused before probing
+def test_verbs_gid_index_below_minus_one_is_refused_by_the_engine(provider):
+    with pytest.raises(ferry.InvalidArgument) as ei:
+        ferry.TransferEngine(provider, nics=["shm"], verbs_gid_index=-2)
+    assert ei.value.code == "INVALID_ARGUMENT"
+    assert str(ei.value) == "EngineConfig: verbs_gid_index -2 (-1 = automatic, else a GID table index)"
+
+
+@pytest.mark.parametrize("bad", ["3", 1.0, True, None, 2**31, -(2**31) - 1])
+def test_verbs_gid_index_that_is_no_c_int_is_invalid_argument(bad):
+    with pytest.raises(ferry.InvalidArgument, match="verbs_gid_index"):
+        ferry.TransferEngine("shm", nics=["shm"], verbs_gid_index=bad)
 
 
 # ---------------------------------------------------------------------------- registration

@@ -134,6 +134,167 @@ TEST(VerbsAutoProvider, EfaIsProbedOnlyWhenNoVerbsDeviceQualifies) {
   EXPECT_NE(c.reason.find("ibv_get_device_list returned 0 devices"), std::string::npos) << c.reason;
 }
 
+// What the engine reports when a worker cannot open its NIC.
+const Status kVerbsOpenFailed(Code::kUnavailable,
+                              "group 0 NIC 0 ('', provider 'verbs'): ibv_open_device(mlx5_0): "
+                              "Permission denied");
+const Status kEfaOpenFailed(Code::kUnavailable,
+                            "group 0 NIC 0 ('', provider 'efa'): fi_domain(rdmap16s27-rdm): "
+                            "Resource temporarily unavailable");
+
+ProviderChoice verbs_choice() {
+  ProviderProbe p;
+  p.verbs_devices = {connectx("mlx5_0", {{1, "ACTIVE", "Ethernet"}})};
+  return core::choose_provider(p);
+}
+
+TEST(VerbsAutoProvider, VerbsThatFailsToOpenFallsBackToEfaWhenLibfabricHasIt) {
+  const ProviderChoice c = core::fallback_after_open_failure(
+      verbs_choice(), kVerbsOpenFailed, true, "fi_getinfo(efa): 1 domain (rdmap16s27-rdm)");
+  ASSERT_TRUE(c.error.is_ok()) << c.error.message();
+  EXPECT_EQ(c.provider, "efa");
+  EXPECT_NE(c.reason.find("verbs failed to open"), std::string::npos) << c.reason;
+  EXPECT_NE(c.reason.find("fi_getinfo(efa): 1 domain (rdmap16s27-rdm)"), std::string::npos)
+      << c.reason;
+}
+
+TEST(VerbsAutoProvider, VerbsThatFailsToOpenWithoutEfaNamesBoth) {
+  // A GID index that names no entry: the verbs failure's code is kept.
+  const Status gid(Code::kInvalidArgument,
+                   "group 0 NIC 0 ('', provider 'verbs'): verbs NIC 'mlx5_0' port 1: GID index 9 "
+                   "(EngineConfig::verbs_gid_index) names no populated GID entry");
+  ProviderChoice c =
+      core::fallback_after_open_failure(verbs_choice(), gid, false, "fi_getinfo(efa): no domain");
+  EXPECT_TRUE(c.provider.empty());
+  EXPECT_EQ(c.error.code(), Code::kInvalidArgument);
+  const std::string& m = c.error.message();
+  EXPECT_NE(m.find("provider auto: verbs (mlx5_0 port 1 ACTIVE, Ethernet (RoCE), driver "
+                   "mlx5_core) failed to open: group 0 NIC 0 ('', provider 'verbs'): verbs NIC "
+                   "'mlx5_0' port 1: GID index 9"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("no efa to fall back to: fi_getinfo(efa): no domain"), std::string::npos) << m;
+  // No efa probe at all: said so, not left blank.
+  c = core::fallback_after_open_failure(verbs_choice(), kVerbsOpenFailed, std::nullopt, "");
+  EXPECT_EQ(c.error.code(), Code::kUnavailable);
+  EXPECT_NE(c.error.message().find("fi_getinfo(efa) not run"), std::string::npos)
+      << c.error.message();
+}
+
+TEST(VerbsAutoProvider, OnlyVerbsFallsBack) {
+  ProviderChoice efa;
+  efa.provider = "efa";
+  efa.reason = "fi_getinfo(efa): 1 domain";
+  const ProviderChoice c = core::fallback_after_open_failure(efa, kEfaOpenFailed, true, "");
+  EXPECT_TRUE(c.provider.empty());
+  EXPECT_EQ(c.error.code(), kEfaOpenFailed.code());
+  EXPECT_EQ(c.error.message(), kEfaOpenFailed.message());
+}
+
+// Drives open_auto_provider with scripted open results, recording what was
+// opened, how often efa was probed and what was logged.
+struct AutoOpenRun {
+  std::vector<std::string> opened;
+  std::vector<std::string> warnings;
+  int efa_probes = 0;
+  core::AutoOpen result;
+
+  AutoOpenRun(const ProviderChoice& choice, std::optional<bool> efa, Status verbs_open,
+              Status efa_open) {
+    core::ProviderProbes probes;
+    probes.verbs = [](std::string*) -> std::vector<RdmaDevice> {
+      ADD_FAILURE() << "the verbs probe ran again";
+      return {};
+    };
+    if (efa) {
+      probes.efa = [this, has = *efa](std::string* note) {
+        ++efa_probes;
+        *note = has ? "fi_getinfo(efa): 1 domain (rdmap16s27-rdm)" : "fi_getinfo(efa): no domain";
+        return has;
+      };
+    }
+    result = core::open_auto_provider(
+        choice, probes,
+        [&](const std::string& provider) {
+          opened.push_back(provider);
+          return provider == "verbs" ? verbs_open : efa_open;
+        },
+        [this](const std::string& m) { warnings.push_back(m); });
+  }
+};
+
+TEST(VerbsAutoProvider, AutoOpenKeepsVerbsThatOpens) {
+  const AutoOpenRun run(verbs_choice(), true, Status(), Status());
+  ASSERT_TRUE(run.result.error.is_ok()) << run.result.error.message();
+  EXPECT_EQ(run.result.provider, "verbs");
+  EXPECT_EQ(run.opened, std::vector<std::string>{"verbs"});
+  EXPECT_EQ(run.efa_probes, 0);
+  EXPECT_TRUE(run.warnings.empty());
+}
+
+TEST(VerbsAutoProvider, AutoOpenFallsBackToEfaAndLogsBoth) {
+  const AutoOpenRun run(verbs_choice(), true, kVerbsOpenFailed, Status());
+  ASSERT_TRUE(run.result.error.is_ok()) << run.result.error.message();
+  EXPECT_EQ(run.result.provider, "efa");
+  EXPECT_EQ(run.opened, (std::vector<std::string>{"verbs", "efa"}));
+  EXPECT_EQ(run.efa_probes, 1);
+  ASSERT_EQ(run.warnings.size(), 2u);
+  EXPECT_NE(run.warnings[0].find("verbs (mlx5_0 port 1 ACTIVE"), std::string::npos)
+      << run.warnings[0];
+  EXPECT_NE(run.warnings[0].find("ibv_open_device(mlx5_0): Permission denied"), std::string::npos)
+      << run.warnings[0];
+  EXPECT_NE(run.warnings[1].find("provider auto -> efa"), std::string::npos) << run.warnings[1];
+  EXPECT_NE(run.warnings[1].find("fi_getinfo(efa): 1 domain"), std::string::npos)
+      << run.warnings[1];
+}
+
+TEST(VerbsAutoProvider, AutoOpenWithoutEfaFailsNamingVerbsAndTheEfaProbe) {
+  const AutoOpenRun run(verbs_choice(), false, kVerbsOpenFailed, Status());
+  EXPECT_TRUE(run.result.provider.empty());
+  EXPECT_EQ(run.opened, std::vector<std::string>{"verbs"});
+  EXPECT_EQ(run.efa_probes, 1);
+  EXPECT_EQ(run.result.error.code(), Code::kUnavailable);
+  const std::string& m = run.result.error.message();
+  EXPECT_NE(m.find("ibv_open_device(mlx5_0): Permission denied"), std::string::npos) << m;
+  EXPECT_NE(m.find("no efa to fall back to: fi_getinfo(efa): no domain"), std::string::npos) << m;
+  ASSERT_EQ(run.warnings.size(), 1u);
+  EXPECT_NE(run.warnings[0].find("Permission denied"), std::string::npos) << run.warnings[0];
+}
+
+TEST(VerbsAutoProvider, AutoOpenWhenEfaFailsTooNamesBothAttempts) {
+  const Status gid(Code::kInvalidArgument, "group 0 NIC 0 ('', provider 'verbs'): GID index 9");
+  const AutoOpenRun run(verbs_choice(), true, gid, kEfaOpenFailed);
+  EXPECT_TRUE(run.result.provider.empty());
+  EXPECT_EQ(run.opened, (std::vector<std::string>{"verbs", "efa"}));
+  EXPECT_EQ(run.result.error.code(), Code::kInvalidArgument);
+  const std::string& m = run.result.error.message();
+  EXPECT_NE(m.find("provider auto: verbs (mlx5_0 port 1 ACTIVE"), std::string::npos) << m;
+  EXPECT_NE(m.find("('', provider 'verbs'): GID index 9"), std::string::npos) << m;
+  EXPECT_NE(m.find("then efa ("), std::string::npos) << m;
+  EXPECT_NE(m.find("('', provider 'efa'): fi_domain(rdmap16s27-rdm): Resource temporarily"),
+            std::string::npos)
+      << m;
+  // The verbs attempt comes first.
+  EXPECT_LT(m.find("provider 'verbs'"), m.find("provider 'efa'")) << m;
+}
+
+TEST(VerbsAutoProvider, AutoOpenOfEfaHasNoFallback) {
+  ProviderChoice efa;
+  efa.provider = "efa";
+  efa.reason = "fi_getinfo(efa): 1 domain";
+  const AutoOpenRun run(efa, true, Status(), kEfaOpenFailed);
+  EXPECT_EQ(run.opened, std::vector<std::string>{"efa"});
+  EXPECT_EQ(run.efa_probes, 0);
+  EXPECT_EQ(run.result.error.message(), kEfaOpenFailed.message());
+  EXPECT_TRUE(run.warnings.empty());
+  // A failed choice opens nothing.
+  ProviderProbe none;
+  none.efa = false;
+  const AutoOpenRun failed(core::choose_provider(none), true, Status(), Status());
+  EXPECT_TRUE(failed.opened.empty());
+  EXPECT_EQ(failed.result.error.code(), Code::kUnavailable);
+}
+
 void write_file(const fs::path& p, const std::string& s) {
   fs::create_directories(p.parent_path());
   std::ofstream(p) << s << "\n";
@@ -292,6 +453,15 @@ TEST(VerbsAutoProvider, GidIndexKnobIsCheckedByTheEngine) {
     EXPECT_EQ(e.code(), Code::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("verbs_gid_index"), std::string::npos) << e.what();
   }
+  // Rejected before provider "auto" probes anything: the same error on any host.
+  c.provider = "auto";
+  try {
+    TransferEngine e(c);
+    ADD_FAILURE() << "verbs_gid_index -2 accepted with provider auto";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kInvalidArgument) << e.what();
+  }
+  c.provider = "shm";
   c.verbs_gid_index = 3;  // not verbs: ignored with a warning
   TransferEngine e(c);
   EXPECT_EQ(e.provider(), "shm");
