@@ -27,6 +27,9 @@ def probe_provider(provider: str) -> tuple:
 def build_info() -> dict:
     """Version and build options of this extension."""
 
+def _thread_states() -> int:
+    """Python thread states of this interpreter (tests: engines leave none behind)."""
+
 class NetAddr:
     """
     The address of one NIC endpoint of one engine incarnation (opaque bytes).

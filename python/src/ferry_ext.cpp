@@ -57,16 +57,32 @@ bool interpreter_alive() {
 // Depth of ferry callbacks running on this thread (the engine's callback thread).
 thread_local int t_callback_depth = 0;
 
-// Takes the GIL on the callback thread. The first use pins a thread state for
-// the thread's lifetime (one extra PyGILState_Ensure never released), so later
-// callbacks only swap the GIL instead of creating and deleting thread states.
+// A callback thread keeps one Python thread state for its whole life (one
+// extra PyGILState_Ensure), so later callbacks only swap the GIL instead of
+// creating and deleting thread states. The pin is dropped when the thread
+// exits (its engine stops), so a stopped engine leaves no thread state behind.
+struct ThreadStatePin {
+  bool held = false;
+  ~ThreadStatePin() {
+    if (!held || !interpreter_alive()) return;  // finalizing: the process is ending
+    // The thread has its state but not the GIL: take the GIL with that state,
+    // then the last release deletes the state and lets the GIL go.
+    PyEval_RestoreThread(PyGILState_GetThisThreadState());
+    PyGILState_Release(PyGILState_UNLOCKED);
+  }
+};
+thread_local ThreadStatePin t_pin;
+
+// Takes the GIL on the callback thread (pinning its thread state, above).
 class CallbackGil {
  public:
   CallbackGil() : ok_(interpreter_alive()) {
     if (!ok_) return;
     state_ = PyGILState_Ensure();
-    static thread_local const bool pinned = (PyGILState_Ensure(), true);
-    (void)pinned;
+    if (!t_pin.held) {
+      PyGILState_Ensure();
+      t_pin.held = true;
+    }
   }
   ~CallbackGil() {
     if (ok_) PyGILState_Release(state_);
@@ -1011,6 +1027,16 @@ NB_MODULE(_ferry, m) {
   m.def("probe_provider", &probe_provider, "provider"_a,
         "fi_getinfo for one provider: (error or '', [(domain, fabric, provider, hmem)]).");
   m.def("build_info", &build_info, "Version and build options of this extension.");
+  m.def(
+      "_thread_states",
+      [] {
+        size_t n = 0;
+        for (PyThreadState* t = PyInterpreterState_ThreadHead(PyInterpreterState_Get());
+             t != nullptr; t = PyThreadState_Next(t))
+          ++n;
+        return n;
+      },
+      "Python thread states of this interpreter (tests: engines leave none behind).");
 
   // ---- addresses and descriptors
   nb::class_<NetAddr>(m, "NetAddr",

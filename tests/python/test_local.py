@@ -322,6 +322,26 @@ def test_callback_errors_do_not_stop_the_engine(pair, caplog):
     assert all("bad callback" in str(r.exc_info[1]) for r in caplog.records if r.name == "ferry")
 
 
+def test_stopped_engines_leave_no_python_thread_state(kind):
+    # Each engine's callback thread gets a Python thread state on its first callback;
+    # stopping the engine must delete it, or a service that opens engines leaks.
+    def one_engine_with_a_callback():
+        a, b = engine_for(kind), engine_for(kind)
+        _, d = b.register(np.zeros(16, np.uint8))
+        got = threading.Event()
+        b.on_imm(lambda imm: got.set())
+        a.submit_imm(7, d, on_done=lambda err: None).result(20)
+        assert got.wait(20)
+        a.stop()
+        b.stop()
+
+    one_engine_with_a_callback()  # first use may set up lasting state
+    before = ferry._ferry._thread_states()
+    for _ in range(5):
+        one_engine_with_a_callback()
+    assert ferry._ferry._thread_states() == before
+
+
 def test_stop_and_wait_inside_a_callback_are_refused(pair):
     a, b = pair
     h, _ = a.register(np.ones(64, np.uint8))
