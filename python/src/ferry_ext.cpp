@@ -65,9 +65,11 @@ struct ThreadStatePin {
   bool held = false;
   ~ThreadStatePin() {
     if (!held || !interpreter_alive()) return;  // finalizing: the process is ending
+    PyThreadState* ts = PyGILState_GetThisThreadState();
+    if (ts == nullptr) return;
     // The thread has its state but not the GIL: take the GIL with that state,
     // then the last release deletes the state and lets the GIL go.
-    PyEval_RestoreThread(PyGILState_GetThisThreadState());
+    PyEval_RestoreThread(ts);
     PyGILState_Release(PyGILState_UNLOCKED);
   }
 };
@@ -78,8 +80,10 @@ class CallbackGil {
  public:
   CallbackGil() : ok_(interpreter_alive()) {
     if (!ok_) return;
+    // Only threads Python does not know: a Python thread's state is Python's.
+    const bool pin = !t_pin.held && PyGILState_GetThisThreadState() == nullptr;
     state_ = PyGILState_Ensure();
-    if (!t_pin.held) {
+    if (pin) {
       PyGILState_Ensure();
       t_pin.held = true;
     }
