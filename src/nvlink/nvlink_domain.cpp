@@ -130,24 +130,20 @@ class NvlinkDomain final : public core::Domain {
   void remove_peer(core::PeerId peer) override;
   core::PostResult post_writes(std::span<const core::WriteDesc> writes) override;
   core::PostResult post_paged(const core::PagedDesc& pd) override;
-  core::PostResult post_send(core::PeerId, const void*, size_t, void*, uint64_t) override {
-    return {0, Status(Code::kUnimplemented,
-                      "nvlink: two-sided send/recv is not implemented; use a fabric group")};
-  }
-  core::PostResult post_recv(void*, size_t, void*, uint64_t) override {
-    return {0, Status(Code::kUnimplemented,
-                      "nvlink: two-sided send/recv is not implemented; use a fabric group")};
-  }
+  core::PostResult post_send(core::PeerId peer, const void* buf, size_t len, void* local_desc,
+                             uint64_t ctx) override;
+  core::PostResult post_recv(void* buf, size_t len, void* local_desc, uint64_t ctx) override;
   size_t poll(std::span<core::Completion> out) override;
   // An idle worker (adaptive polling) blocks on the mailbox's wake socket, but
   // only with no copy of ours in flight: CUDA events have no descriptor, so
   // then it naps and polls them.
   int wait_fd() override { return shm_->wake_fd(); }
   bool can_block() override {
-    if (issued_ > 0 || !done_.empty() || inbox_pos_ != inbox_len_) return false;
+    if (issued_ > 0 || !done_.empty() || inbox_pos_ != inbox_len_ || !sent_.empty()) return false;
     if (const Batch* b = open_batch(); b != nullptr && !b->items.empty()) return false;
     armed_ = true;
-    return shm_->prepare_to_sleep();
+    // A message waiting for a receive buffer is no reason to stay awake.
+    return shm_->prepare_to_sleep(/*messages_count=*/!recvs_.empty());
   }
 
  private:
@@ -257,6 +253,15 @@ class NvlinkDomain final : public core::Domain {
   std::array<ImmRun, 256> inbox_{};
   size_t inbox_pos_ = 0, inbox_len_ = 0;
   bool armed_ = false;  // prepare_to_sleep ran since the last poll
+  // Two-sided messages: sends are copied into the peer's ring at once, so
+  // they complete on the next poll; receive buffers wait here in post order.
+  struct PostedRecv {
+    void* buf;
+    size_t len;
+    uint64_t ctx;
+  };
+  std::vector<uint64_t> sent_;
+  std::deque<PostedRecv> recvs_;
 };
 
 std::unique_ptr<core::Domain> NvlinkDomain::open(const core::DomainOptions& options,
@@ -307,6 +312,7 @@ std::unique_ptr<core::Domain> NvlinkDomain::open(const core::DomainOptions& opti
     d->batches_[i].ops = d->ops_mem_.get() + size_t(i) * kMaxBatchOps;
     d->batches_[i].items.reserve(kMaxBatchOps);
   }
+  d->sent_.reserve(kMsgSlots);
   if (e != cudaSuccess) {
     set_error(error, Status(Code::kUnavailable, fmt::format("nvlink: setting up cuda:{} failed: {}",
                                                             d->device_, cuda_msg(e))));
@@ -635,6 +641,26 @@ core::PostResult NvlinkDomain::post_paged(const core::PagedDesc& pd) {
   return {pd.count, Status::ok()};
 }
 
+core::PostResult NvlinkDomain::post_send(core::PeerId peer, const void* buf, size_t len, void*,
+                                         uint64_t ctx) {
+  Status err;
+  Peer* p = peer_of(peer, &err);
+  if (p == nullptr) return {0, err};
+  if (len > kMsgBytes)
+    return {0, Status(Code::kInvalidArgument,
+                      fmt::format("nvlink {}: a message of {} bytes to {}: at most {} bytes "
+                                  "(send_buffer_size)",
+                                  info_.name, len, peer_name(*p), kMsgBytes))};
+  if (!p->shm->push_msg(buf, len)) return {0, Status::ok()};  // ring full: retry later
+  sent_.push_back(ctx);
+  return {1, Status::ok()};
+}
+
+core::PostResult NvlinkDomain::post_recv(void* buf, size_t len, void*, uint64_t ctx) {
+  recvs_.push_back({buf, len, ctx});
+  return {1, Status::ok()};
+}
+
 void NvlinkDomain::fail_batch(Batch& b, const Status& s) {
   for (const Item& it : b.items) add_done(it, s);
   b.items.clear();
@@ -715,6 +741,31 @@ size_t NvlinkDomain::poll(std::span<core::Completion> out) {
     c.count = d.item.count;
     c.status = std::move(d.status);
     done_.pop_front();
+  }
+  size_t k = 0;
+  for (; k < sent_.size() && n < out.size(); ++k) {
+    core::Completion& c = out[n++];
+    c = core::Completion{};
+    c.kind = core::Completion::Kind::kSend;
+    c.ctx = sent_[k];
+  }
+  sent_.erase(sent_.begin(), sent_.begin() + ptrdiff_t(k));
+  while (n < out.size() && !recvs_.empty()) {
+    const int64_t len = shm_->peek_msg();
+    if (len < 0) break;
+    const PostedRecv r = recvs_.front();
+    recvs_.pop_front();
+    shm_->pop_msg(r.buf, r.len);
+    core::Completion& c = out[n++];
+    c = core::Completion{};
+    c.kind = core::Completion::Kind::kRecv;
+    c.ctx = r.ctx;
+    c.len = uint64_t(len);
+    if (uint64_t(len) > r.len)
+      c.status = Status(Code::kOutOfRange,
+                        fmt::format("nvlink {}: a message of {} bytes for a receive buffer of {} "
+                                    "(truncated)",
+                                    info_.name, len, r.len));
   }
   // Incoming runs, equal neighbours folded: the pages of paged writes that
   // arrive together cost one counter update.

@@ -84,6 +84,8 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
   h->enqueue_pos.store(0, std::memory_order_relaxed);
   h->dequeue_pos = 0;
   h->sleeping.store(0, std::memory_order_relaxed);
+  h->msg_enqueue_pos.store(0, std::memory_order_relaxed);
+  h->msg_dequeue_pos = 0;
   MailboxCell* cells = s->cells();
   for (uint32_t i = 0; i < kMailboxCapacity; ++i) {
     new (&cells[i]) MailboxCell{};
@@ -91,6 +93,12 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
   }
   RegionEntry* regs = s->regions();
   for (uint32_t i = 0; i < kRegionCapacity; ++i) new (&regs[i]) RegionEntry{};
+  // Only the slots' headers: their data pages stay untouched until used.
+  MsgSlot* msgs = s->msgs();
+  for (uint32_t i = 0; i < kMsgSlots; ++i) {
+    new (&msgs[i].seq) std::atomic<uint32_t>(i);
+    new (&msgs[i].len) std::atomic<uint32_t>(0);
+  }
   s->wake_fd_ = bind_wake_socket(wake_path(name));
   if (s->wake_fd_ >= 0) s->wake_path_ = wake_path(name);
   // The magic last, released: a reader that sees it sees an initialised segment.
@@ -165,31 +173,81 @@ bool ShmSegment::push_run(uint32_t imm, uint32_t count) {
   cell->imm.store(imm, std::memory_order_relaxed);
   cell->count.store(count, std::memory_order_relaxed);
   cell->seq.store(uint32_t(pos + 1), std::memory_order_release);
-  // Pairs with the fence in prepare_to_sleep: either the owner sees this cell
-  // before blocking, or this sees its announcement and wakes it.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (h.sleeping.load(std::memory_order_relaxed) != 0 &&
-      h.sleeping.exchange(0, std::memory_order_relaxed) != 0 && wake_fd_ >= 0) {
-    sockaddr_un a;
-    if (fill_addr(wake_path_, &a)) {
-      const char b = 1;
-      // Best effort: a full socket buffer means the owner is being woken
-      // anyway, a gone owner needs no waking; its poll has a 2 ms timeout.
-      (void)::sendto(wake_fd_, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&a),
-                     sizeof(a));
-    }
-  }
+  wake_owner();
   return true;
 }
 
-bool ShmSegment::prepare_to_sleep() {
+// After a cell or message is published. Pairs with the fence in
+// prepare_to_sleep: either the owner sees what was published before it
+// blocks, or this sees its announcement and wakes it.
+void ShmSegment::wake_owner() {
+  ShmHeader& h = header();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (h.sleeping.load(std::memory_order_relaxed) == 0 ||
+      h.sleeping.exchange(0, std::memory_order_relaxed) == 0 || wake_fd_ < 0)
+    return;
+  sockaddr_un a;
+  if (!fill_addr(wake_path_, &a)) return;
+  const char b = 1;
+  // Best effort: a full socket buffer means the owner is being woken anyway,
+  // a gone owner needs no waking; its poll has a 2 ms timeout.
+  (void)::sendto(wake_fd_, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&a),
+                 sizeof(a));
+}
+
+bool ShmSegment::push_msg(const void* data, size_t len) {
+  if (len > kMsgBytes) return false;
+  ShmHeader& h = header();
+  MsgSlot* m = msgs();
+  uint64_t pos = h.msg_enqueue_pos.load(std::memory_order_relaxed);
+  MsgSlot* slot;
+  for (;;) {
+    slot = &m[pos % kMsgSlots];
+    const int32_t dif = int32_t(slot->seq.load(std::memory_order_acquire) - uint32_t(pos));
+    if (dif < 0) return false;  // full
+    if (dif == 0 &&
+        h.msg_enqueue_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed))
+      break;
+    if (dif > 0) pos = h.msg_enqueue_pos.load(std::memory_order_relaxed);
+  }
+  std::memcpy(slot->data, data, len);
+  slot->len.store(uint32_t(len), std::memory_order_relaxed);
+  slot->seq.store(uint32_t(pos + 1), std::memory_order_release);
+  wake_owner();
+  return true;
+}
+
+int64_t ShmSegment::peek_msg() {
+  ShmHeader& h = header();
+  MsgSlot& slot = msgs()[h.msg_dequeue_pos % kMsgSlots];
+  if (slot.seq.load(std::memory_order_acquire) != uint32_t(h.msg_dequeue_pos + 1)) return -1;
+  return int64_t(slot.len.load(std::memory_order_relaxed));
+}
+
+size_t ShmSegment::pop_msg(void* dst, size_t cap) {
+  ShmHeader& h = header();
+  const uint64_t pos = h.msg_dequeue_pos;
+  MsgSlot& slot = msgs()[pos % kMsgSlots];
+  const size_t len = slot.len.load(std::memory_order_relaxed);
+  // A length beyond the slot is a writer's fault: never read past the slot.
+  std::memcpy(dst, slot.data, std::min({len, cap, kMsgBytes}));
+  slot.seq.store(uint32_t(pos + kMsgSlots), std::memory_order_release);
+  h.msg_dequeue_pos = pos + 1;
+  return len;
+}
+
+bool ShmSegment::prepare_to_sleep(bool messages_count) {
   if (wake_fd_ < 0) return false;
   ShmHeader& h = header();
   h.sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   const uint64_t pos = h.dequeue_pos;
-  if (cells()[pos & (kMailboxCapacity - 1)].seq.load(std::memory_order_relaxed) ==
-      uint32_t(pos + 1)) {
+  const bool run = cells()[pos & (kMailboxCapacity - 1)].seq.load(std::memory_order_relaxed) ==
+                   uint32_t(pos + 1);
+  const uint64_t mpos = h.msg_dequeue_pos;
+  const bool msg = messages_count && msgs()[mpos % kMsgSlots].seq.load(std::memory_order_relaxed) ==
+                                         uint32_t(mpos + 1);
+  if (run || msg) {
     h.sleeping.store(0, std::memory_order_relaxed);
     return false;
   }

@@ -4,7 +4,9 @@
 //     immediate and how many writes carried it) that writers push after their
 //     data is complete and the owner's poll() drains;
 //   - the region table: for each registration, the CUDA IPC handle of its
-//     allocation, indexed by the slot in the rkey.
+//     allocation, indexed by the slot in the rkey;
+//   - the message ring: two-sided messages (send/recv), copied in by the
+//     sender and out into a posted receive buffer by the owner.
 // Descriptors (MrDesc) only carry rkey and base, so the 64-byte IPC handle
 // cannot travel in them; the table makes the rkey enough.
 #pragma once
@@ -21,7 +23,11 @@
 namespace ferry::nvlink {
 
 inline constexpr uint64_t kShmMagic = 0x4b4e4c564e595246ull;  // "FRYNVLNK"
-inline constexpr uint32_t kShmVersion = 3;
+inline constexpr uint32_t kShmVersion = 4;
+// Messages: slots of this many bytes (the engine's default send buffer); the
+// pages of a slot are only touched when a message that long is sent.
+inline constexpr uint32_t kMsgSlots = 64;
+inline constexpr size_t kMsgBytes = 64 << 10;
 inline constexpr uint32_t kMailboxCapacity = 1u << 16;  // power of two
 inline constexpr uint32_t kRegionCapacity = 4096;
 inline constexpr size_t kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
@@ -58,6 +64,14 @@ struct RegionEntry {
 };
 static_assert(sizeof(RegionEntry) == 128);
 
+struct MsgSlot {
+  std::atomic<uint32_t> seq;  // Vyukov sequence, as in the mailbox
+  std::atomic<uint32_t> len;
+  uint8_t pad[56];
+  uint8_t data[kMsgBytes];
+};
+static_assert(sizeof(MsgSlot) == 64 + kMsgBytes);
+
 struct ShmHeader {
   uint64_t magic;
   uint32_t version;
@@ -71,10 +85,13 @@ struct ShmHeader {
   // 1 while the owner's worker blocks on its wake socket: the next writer to
   // push clears it and sends one datagram (see ShmSegment::prepare_to_sleep).
   alignas(64) std::atomic<uint32_t> sleeping;
+  alignas(64) std::atomic<uint64_t> msg_enqueue_pos;
+  alignas(64) uint64_t msg_dequeue_pos;  // owner only
 };
 
 inline constexpr size_t kShmBytes = sizeof(ShmHeader) + sizeof(MailboxCell) * kMailboxCapacity +
-                                    sizeof(RegionEntry) * kRegionCapacity;
+                                    sizeof(RegionEntry) * kRegionCapacity +
+                                    sizeof(MsgSlot) * kMsgSlots;
 
 // RAII mapping of a segment. The owner creates (and on destruction unlinks)
 // it; writers open an existing one by name.
@@ -95,6 +112,10 @@ class ShmSegment {
     return reinterpret_cast<RegionEntry*>(reinterpret_cast<uint8_t*>(cells()) +
                                           sizeof(MailboxCell) * kMailboxCapacity);
   }
+  MsgSlot* msgs() {
+    return reinterpret_cast<MsgSlot*>(reinterpret_cast<uint8_t*>(regions()) +
+                                      sizeof(RegionEntry) * kRegionCapacity);
+  }
   const std::string& name() const { return name_; }
 
   // Any process: `count` (>= 1) writes carrying `imm`, as one cell; false
@@ -104,13 +125,23 @@ class ShmSegment {
   // Owner only: up to out.size() runs in push order.
   size_t pop_runs(std::span<ImmRun> out);
 
+  // Any process: copies a message of len <= kMsgBytes into the ring; false
+  // when the ring is full (back-pressure). Wakes a sleeping owner.
+  bool push_msg(const void* data, size_t len);
+  // Owner only: the length of the oldest message, or -1 when there is none.
+  int64_t peek_msg();
+  // Owner only: copies the oldest message (at most cap bytes) to dst and frees
+  // its slot; returns its full length.
+  size_t pop_msg(void* dst, size_t cap);
+
   // Owner only: a datagram socket that becomes readable when a writer pushes
   // while the owner sleeps, so an idle worker can block in poll(2) instead of
   // napping; -1 when it could not be made (the worker naps then).
   int wake_fd() const { return wake_fd_; }
   // Owner only: announces the owner is about to block; false (and not
-  // announced) when the mailbox already holds a run.
-  bool prepare_to_sleep();
+  // announced) when the mailbox already holds a run, or, with
+  // `messages_count`, the message ring a message.
+  bool prepare_to_sleep(bool messages_count = false);
   // Owner only: after blocking: withdraws the announcement, drains the socket.
   void woken();
 
@@ -124,6 +155,7 @@ class ShmSegment {
 
  private:
   ShmSegment() = default;
+  void wake_owner();
   std::string name_;
   void* base_ = nullptr;
   bool owner_ = false;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 
@@ -109,13 +110,18 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
     }
   }
 
-  std::mt19937_64 rng(provider == "nvlink" ? 7 : 11);
+  // FERRY_NVLINK_SEED: other random rounds than the fixed ones of CI.
+  const char* seed_env = std::getenv("FERRY_NVLINK_SEED");
+  std::mt19937_64 rng(seed_env != nullptr ? std::strtoull(seed_env, nullptr, 10)
+                                          : (provider == "nvlink" ? 7 : 11));
   auto rnd = [&](uint64_t lo, uint64_t hi) {
     return std::uniform_int_distribution<uint64_t>(lo, hi)(rng);
   };
   std::vector<uint8_t> host_src(kSrcLen);
   uint64_t total_imms = 0, total_bytes = 0;
-  const int kRounds = 24;
+  // FERRY_NVLINK_ROUNDS: a longer run of the same random rounds (a soak).
+  const char* rounds_env = std::getenv("FERRY_NVLINK_ROUNDS");
+  const int kRounds = rounds_env != nullptr ? std::max(1, std::atoi(rounds_env)) : 24;
   for (int r = 0; r < kRounds; ++r) {
     const uint64_t seed = rng();
     test::fill_pattern(host_src.data(), kSrcLen, seed);

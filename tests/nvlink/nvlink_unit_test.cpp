@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <set>
 
 #include "nvlink/nvlink_domain.h"
@@ -169,6 +170,101 @@ TEST(NvlinkMailbox, NoLostWakeUpsUnderRacingPushes) {
   EXPECT_EQ(got, kRuns);
   EXPECT_GT(slept, 0u);
   EXPECT_EQ(writer.wait(), 0);
+}
+
+// Message i of producer p: 8-byte header (p, i), then bytes derived from both.
+std::vector<uint8_t> message(uint32_t p, uint32_t i) {
+  const size_t len = 8 + (size_t(i) * 7919 + p * 104729) % (kMsgBytes - 8 + 1);
+  std::vector<uint8_t> m(len);
+  std::memcpy(m.data(), &p, 4);
+  std::memcpy(m.data() + 4, &i, 4);
+  for (size_t k = 8; k < len; ++k) m[k] = uint8_t(k * 31 + i * 7 + p);
+  return m;
+}
+
+TEST(NvlinkMessages, ThreeProducerProcessesEveryMessageIntactInOrder) {
+  Status st;
+  const std::string name = "/ferry-nvl-unit-m-" + std::to_string(::getpid());
+  auto owner = ShmSegment::create(name, ::getpid(), 0, &st);
+  ASSERT_TRUE(owner) << st.message();
+  constexpr uint32_t kPer = 2000;  // a 64-slot ring: producers meet back-pressure
+  std::vector<std::unique_ptr<test::Peer>> producers;
+  for (uint32_t p = 0; p < 3; ++p)
+    producers.push_back(std::make_unique<test::Peer>([&, p](test::Channel&) {
+      Status s;
+      auto seg = ShmSegment::open(name, &s);
+      if (!seg) return 2;
+      for (uint32_t i = 0; i < kPer; ++i) {
+        const auto m = message(p, i);
+        while (!seg->push_msg(m.data(), m.size())) usleep(10);
+      }
+      return 0;
+    }));
+  std::vector<uint32_t> next(3, 0);
+  std::vector<uint8_t> buf(kMsgBytes);
+  uint32_t got = 0;
+  auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (got < 3 * kPer && std::chrono::steady_clock::now() < give_up) {
+    const int64_t len = owner->peek_msg();
+    if (len < 0) continue;
+    ASSERT_EQ(owner->pop_msg(buf.data(), buf.size()), size_t(len));
+    uint32_t p, i;
+    std::memcpy(&p, buf.data(), 4);
+    std::memcpy(&i, buf.data() + 4, 4);
+    ASSERT_LT(p, 3u);
+    ASSERT_EQ(i, next[p]) << "producer " << p << ": in order, once";
+    const auto want = message(p, i);
+    ASSERT_EQ(size_t(len), want.size());
+    ASSERT_EQ(0, std::memcmp(buf.data(), want.data(), want.size())) << "message " << p << "/" << i;
+    next[p]++;
+    got++;
+  }
+  EXPECT_EQ(got, 3 * kPer);
+  for (auto& p : producers) EXPECT_EQ(p->wait(), 0);
+}
+
+TEST(NvlinkMessages, LimitsTruncationAndWakeUp) {
+  Status st;
+  const std::string name = "/ferry-nvl-unit-n-" + std::to_string(::getpid());
+  auto owner = ShmSegment::create(name, ::getpid(), 0, &st);
+  ASSERT_TRUE(owner) << st.message();
+  std::vector<uint8_t> big(kMsgBytes + 1, 0xab);
+  EXPECT_FALSE(owner->push_msg(big.data(), big.size())) << "longer than a slot";
+  EXPECT_EQ(owner->peek_msg(), -1);
+  EXPECT_TRUE(owner->push_msg(nullptr, 0)) << "an empty message";
+  ASSERT_EQ(owner->peek_msg(), 0);
+  EXPECT_EQ(owner->pop_msg(nullptr, 0), 0u);
+  // Into a smaller buffer: the full length is reported, only cap bytes copied.
+  ASSERT_TRUE(owner->push_msg(big.data(), 100));
+  uint8_t small[10] = {};
+  EXPECT_EQ(owner->pop_msg(small, sizeof small), 100u);
+  EXPECT_EQ(small[9], 0xab);
+  // Full ring: back-pressure, then room again after a pop.
+  uint32_t pushed = 0;
+  while (owner->push_msg(&pushed, 4)) ++pushed;
+  EXPECT_EQ(pushed, kMsgSlots);
+  ASSERT_EQ(owner->pop_msg(small, sizeof small), 4u);
+  EXPECT_TRUE(owner->push_msg(&pushed, 4));
+  while (owner->peek_msg() >= 0) owner->pop_msg(small, sizeof small);
+  // A waiting message keeps the owner awake only when receives are posted.
+  ASSERT_TRUE(owner->push_msg(small, 4));
+  EXPECT_FALSE(owner->prepare_to_sleep(/*messages_count=*/true));
+  EXPECT_TRUE(owner->prepare_to_sleep(/*messages_count=*/false));
+  owner->woken();
+  owner->pop_msg(small, sizeof small);
+  // A sleeping owner is woken by a message from another process.
+  ASSERT_TRUE(owner->prepare_to_sleep(true));
+  test::Peer writer([&](test::Channel&) {
+    Status s;
+    auto seg = ShmSegment::open(name, &s);
+    const char m[3] = {'h', 'e', 'y'};
+    return seg && seg->push_msg(m, 3) ? 0 : 2;
+  });
+  EXPECT_TRUE(readable(owner->wake_fd(), 10000)) << "no wake-up within 10 s";
+  EXPECT_EQ(writer.wait(), 0);
+  owner->woken();
+  ASSERT_EQ(owner->pop_msg(small, sizeof small), 3u);
+  EXPECT_EQ(std::memcmp(small, "hey", 3), 0);
 }
 
 TEST(NvlinkRegionTable, GenerationsMakeStaleKeysFail) {
