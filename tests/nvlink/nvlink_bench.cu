@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "gather_pages.cuh"
 #include "nvlink_pair.h"
 
 namespace ferry {
@@ -30,30 +31,6 @@ bool wait_count(std::atomic<uint64_t>& done, uint64_t n) {
   while (done.load(std::memory_order_acquire) < n)
     if (Clock::now() > give_up) return false;
   return true;
-}
-
-// Baseline for paged writes: a hand-written gather kernel over the same page
-// lists (in device memory), one warp per page, launches alternating between
-// two streams; no engine, no immediates. What the GPU pair does on its own.
-__global__ void __launch_bounds__(256)
-    gather_pages(const char* src, char* dst, uint64_t page, const uint32_t* sidx,
-                 const uint32_t* didx, uint32_t n) {
-  const uint32_t lane = threadIdx.x & 31;
-  const uint32_t nw = (gridDim.x * blockDim.x) >> 5;
-  for (uint32_t k = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; k < n; k += nw) {
-    const uint4* s = reinterpret_cast<const uint4*>(src + sidx[k] * page);
-    uint4* d = reinterpret_cast<uint4*>(dst + didx[k] * page);
-    const uint64_t m = page / 16;
-    uint64_t i = lane;
-    for (; i + 7 * 32 < m; i += 8 * 32) {
-      uint4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = s[i + u * 32];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) d[i + u * 32] = v[u];
-    }
-    for (; i < m; i += 32) d[i] = s[i];
-  }
 }
 
 bool g_busy = true;  // --adaptive: both engines poll adaptively (the default)
@@ -147,9 +124,9 @@ int writer(test::Channel& link, test::Channel& parent) {
       auto t0 = Clock::now();
       for (int i = 0; i < iters; ++i) {
         const uint32_t* l = ix + size_t(i % kLists) * 2048;
-        gather_pages<<<1056, 256, 0, ss[i % 2]>>>(static_cast<const char*>(src.p),
-                                                  static_cast<char*>(peer_buf.p), page, l, l + 1024,
-                                                  1024);
+        nvtest::gather_pages<<<1056, 256, 0, ss[i % 2]>>>(static_cast<const char*>(src.p),
+                                                          static_cast<char*>(peer_buf.p), page, l,
+                                                          l + 1024, 1024);
       }
       cudaDeviceSynchronize();
       if (r > 0) base.push_back(double(page) * 1024 * iters / secs(Clock::now() - t0) / 1e9);

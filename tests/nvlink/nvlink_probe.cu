@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "gather_pages.cuh"
 #include "nvlink/nvlink_kernels.h"
 
 namespace {
@@ -56,29 +57,6 @@ __global__ void __launch_bounds__(256) k_block(const CopyOp* ops) {
     for (int u = 0; u < 4; ++u) d[i + u * 256] = v[u];
   }
   for (; i < n; i += 256) d[i] = s[i];
-}
-
-// Index lists instead of ops: warp per page.
-__global__ void __launch_bounds__(256)
-    k_index(const char* src, char* dst, uint32_t page, const uint32_t* sidx, const uint32_t* didx,
-            uint32_t n) {
-  const uint32_t lane = threadIdx.x & 31;
-  const uint32_t w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const uint32_t nw = (gridDim.x * blockDim.x) >> 5;
-  for (uint32_t k = w; k < n; k += nw) {
-    const uint4* s = reinterpret_cast<const uint4*>(src + uint64_t(sidx[k]) * page);
-    uint4* d = reinterpret_cast<uint4*>(dst + uint64_t(didx[k]) * page);
-    const uint32_t m = page / 16;
-    uint32_t i = lane;
-    for (; i + 7 * 32 < m; i += 8 * 32) {
-      uint4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = s[i + u * 32];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) d[i + u * 32] = v[u];
-    }
-    for (; i < m; i += 32) d[i] = s[i];
-  }
 }
 
 // One op by value (no read of an op list), then a flag in mapped host memory
@@ -182,7 +160,8 @@ void throughput(const Bufs& b) {
         const std::string n = "index lists, warp per page, grid " + std::to_string(grid) + sfx;
         run(n.c_str(), streams, [&](int k, cudaStream_t s) {
           const uint32_t* ix = hidx + size_t(k) * 2 * kPages;
-          k_index<<<grid, 256, 0, s>>>(b.src, b.dst, uint32_t(page), ix, ix + kPages, kPages);
+          ferry::nvtest::gather_pages<<<grid, 256, 0, s>>>(b.src, b.dst, page, ix, ix + kPages,
+                                                           kPages);
         });
       }
     }
