@@ -4,12 +4,10 @@
 #include "nvlink/nvlink_domain.h"
 
 #include <cuda_runtime_api.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -22,6 +20,7 @@
 #include "core/log.h"
 #include "cuda/pointer_info.h"
 #include "nvlink/nvlink_kernels.h"
+#include "nvlink/nvlink_liveness.h"
 #include "nvlink/nvlink_shm.h"
 
 namespace ferry::nvlink {
@@ -161,6 +160,7 @@ class NvlinkDomain final : public core::Domain {
     std::unordered_map<uint64_t, Target> targets;
     uint64_t last_rkey = 0;
     Target* last = nullptr;
+    std::unique_ptr<PeerLiveness> live;  // null for a peer in this process
   };
   // A run of writes of one transfer (same ctx, peer and immediate): the pages
   // of a paged write become one item, one completion and one mailbox run.
@@ -198,6 +198,16 @@ class NvlinkDomain final : public core::Domain {
     *error = Status(Code::kInvalidArgument,
                     fmt::format("nvlink {}: unknown peer id {}", info_.name, id));
     return nullptr;
+  }
+  // A peer whose process has exited is refused like one a NIC reports dead.
+  Peer* live_peer(core::PeerId id, PeerLiveness::Clock::time_point now, Status* error) {
+    Peer* p = peer_of(id, error);
+    if (p != nullptr && p->live && !p->live->alive(now)) {
+      *error = Status(Code::kUnavailable, fmt::format("nvlink {}: the peer ({}) has exited",
+                                                      info_.name, peer_name(*p)));
+      return nullptr;
+    }
+    return p;
   }
   static bool outside(const Target& t, uint64_t addr, uint64_t len) {
     const uint64_t off = addr - t.reg_ptr;
@@ -441,14 +451,17 @@ core::PeerId NvlinkDomain::add_peer(std::span<const uint8_t> raw, Status* error)
                                         info_.name, a->pid, a->device)));
     return 0;
   }
-  if (::kill(pid_t(a->pid), 0) != 0 && errno == ESRCH) {
-    set_error(error,
-              Status(Code::kUnavailable,
-                     fmt::format("nvlink {}: peer pid {} no longer exists", info_.name, a->pid)));
-    return 0;
+  auto p = std::make_unique<Peer>();
+  if (a->pid != self_.pid) {
+    p->live = std::make_unique<PeerLiveness>(pid_t(a->pid));
+    if (!p->live->alive()) {
+      set_error(error,
+                Status(Code::kUnavailable,
+                       fmt::format("nvlink {}: peer pid {} no longer exists", info_.name, a->pid)));
+      return 0;
+    }
   }
   Status st;
-  auto p = std::make_unique<Peer>();
   p->shm = ShmSegment::open(a->shm_name, &st);
   if (!p->shm) {
     set_error(error, st);
@@ -545,10 +558,11 @@ NvlinkDomain::Target* NvlinkDomain::resolve(Peer& p, uint64_t rkey, Status* erro
 core::PostResult NvlinkDomain::post_writes(std::span<const core::WriteDesc> writes) {
   cudaSetDevice(device_);
   posted_since_poll_ = true;
+  const auto now = PeerLiveness::Clock::now();
   for (size_t i = 0; i < writes.size(); ++i) {
     const core::WriteDesc& w = writes[i];
     Status err;
-    Peer* pp = peer_of(w.peer, &err);
+    Peer* pp = live_peer(w.peer, now, &err);
     if (pp == nullptr) return {i, err};
     Peer& p = *pp;
     const Item item{w.ctx, uint32_t(w.peer), w.imm, w.has_imm, 1};
@@ -602,7 +616,7 @@ core::PostResult NvlinkDomain::post_paged(const core::PagedDesc& pd) {
   cudaSetDevice(device_);
   posted_since_poll_ = true;
   Status err;
-  Peer* pp = peer_of(pd.peer, &err);
+  Peer* pp = live_peer(pd.peer, PeerLiveness::Clock::now(), &err);
   if (pp == nullptr) return {0, err};
   Peer& p = *pp;
   Target* t = resolve(p, pd.rkey, &err);
@@ -644,7 +658,7 @@ core::PostResult NvlinkDomain::post_paged(const core::PagedDesc& pd) {
 core::PostResult NvlinkDomain::post_send(core::PeerId peer, const void* buf, size_t len, void*,
                                          uint64_t ctx) {
   Status err;
-  Peer* p = peer_of(peer, &err);
+  Peer* p = live_peer(peer, PeerLiveness::Clock::now(), &err);
   if (p == nullptr) return {0, err};
   if (len > kMsgBytes)
     return {0, Status(Code::kInvalidArgument,

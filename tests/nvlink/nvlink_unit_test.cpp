@@ -8,6 +8,7 @@
 #include <set>
 
 #include "nvlink/nvlink_domain.h"
+#include "nvlink/nvlink_liveness.h"
 #include "nvlink/nvlink_shm.h"
 #include "support/process.h"
 
@@ -265,6 +266,22 @@ TEST(NvlinkMessages, LimitsTruncationAndWakeUp) {
   owner->woken();
   ASSERT_EQ(owner->pop_msg(small, sizeof small), 3u);
   EXPECT_EQ(std::memcmp(small, "hey", 3), 0);
+}
+
+TEST(NvlinkLiveness, AnExitedPeerIsDeadWithinOnePeriodAndStaysDead) {
+  using namespace std::chrono_literals;
+  test::Peer child([](test::Channel& ch) { return ch.recv_str(60s) == "exit" ? 0 : 2; });
+  PeerLiveness l(child.pid(), 50ms);
+  const auto t0 = PeerLiveness::Clock::now();
+  EXPECT_TRUE(l.alive(t0));
+  ASSERT_TRUE(child.channel().send("exit"));
+  ASSERT_EQ(child.wait(), 0);
+  EXPECT_TRUE(l.alive(t0 + 10ms)) << "within the period the last answer stands";
+  EXPECT_FALSE(l.alive(t0 + 60ms));
+  EXPECT_FALSE(l.alive(t0 + 70ms));
+  // A pid with no process behind it (the reaped child's) is dead at once.
+  PeerLiveness gone(child.pid(), 50ms);
+  EXPECT_FALSE(gone.alive());
 }
 
 TEST(NvlinkRegionTable, GenerationsMakeStaleKeysFail) {

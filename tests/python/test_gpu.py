@@ -387,6 +387,15 @@ def test_nvlink_cuda_tensors_two_processes():
         for s, t in zip(src_idx.tolist(), dst_idx.tolist()):
             expect[t * page : (t + 1) * page] = src_cpu[s * page : (s + 1) * page]
         check(peer.call("wait", 23, ferry.ImmPlan.paged_writes(pages)), expect, "paged writes")
+
+        # the target process exits: writes to it fail as to a dead peer, within the
+        # liveness period (100 ms), instead of "succeeding" into memory nobody reads
+        peer.close()
+        peer = None
+        deadline = time.monotonic() + 10
+        with pytest.raises(ferry.Unavailable, match="has exited|no longer exists"):
+            while time.monotonic() < deadline:
+                a.submit_write(h, 0, 4096, d, 0, imm=24).result(20)
         a.unregister(h)
     finally:
         a.stop()
