@@ -210,7 +210,7 @@ bool ShmSegment::push_msg(const void* data, size_t len) {
       break;
     if (dif > 0) pos = h.msg_enqueue_pos.load(std::memory_order_relaxed);
   }
-  std::memcpy(slot->data, data, len);
+  if (len > 0) std::memcpy(slot->data, data, len);  // an empty message may come with no buffer
   slot->len.store(uint32_t(len), std::memory_order_relaxed);
   slot->seq.store(uint32_t(pos + 1), std::memory_order_release);
   wake_owner();
@@ -230,7 +230,7 @@ size_t ShmSegment::pop_msg(void* dst, size_t cap) {
   MsgSlot& slot = msgs()[pos % kMsgSlots];
   const size_t len = slot.len.load(std::memory_order_relaxed);
   // A length beyond the slot is a writer's fault: never read past the slot.
-  std::memcpy(dst, slot.data, std::min({len, cap, kMsgBytes}));
+  if (const size_t n = std::min({len, cap, kMsgBytes}); n > 0) std::memcpy(dst, slot.data, n);
   slot.seq.store(uint32_t(pos + kMsgSlots), std::memory_order_release);
   h.msg_dequeue_pos = pos + 1;
   return len;
