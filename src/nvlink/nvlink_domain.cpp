@@ -765,11 +765,10 @@ size_t NvlinkDomain::poll(std::span<core::Completion> out) {
   }
   sent_.erase(sent_.begin(), sent_.begin() + ptrdiff_t(k));
   while (n < out.size() && !recvs_.empty()) {
-    const int64_t len = shm_->peek_msg();
-    if (len < 0) break;
     const PostedRecv r = recvs_.front();
+    const int64_t len = shm_->pop_msg(r.buf, r.len);
+    if (len < 0) break;
     recvs_.pop_front();
-    shm_->pop_msg(r.buf, r.len);
     core::Completion& c = out[n++];
     c = core::Completion{};
     c.kind = core::Completion::Kind::kRecv;
@@ -790,7 +789,7 @@ size_t NvlinkDomain::poll(std::span<core::Completion> out) {
       if (inbox_len_ == 0) break;
     }
     ImmRun r = inbox_[inbox_pos_++];
-    if (r.count == 0) continue;  // nothing arrived (a writer of another build)
+    if (r.count == 0) continue;  // a run of nothing: only a faulty writer sends one
     while (inbox_pos_ < inbox_len_ && inbox_[inbox_pos_].imm == r.imm && r.count < UINT32_MAX / 2 &&
            inbox_[inbox_pos_].count < UINT32_MAX / 2 - r.count)
       r.count += inbox_[inbox_pos_++].count;

@@ -36,6 +36,31 @@ bool fill_addr(const std::string& path, sockaddr_un* a) {
   return true;
 }
 
+// Vyukov's bounded multi-producer ring, shared by the mailbox and the message
+// ring: a slot's sequence is pos when free for the producer at pos, pos + 1
+// once filled. Claims the slot of the next position, or null when the ring is
+// full (the owner has not drained a lap behind).
+template <class Slot>
+Slot* claim(std::atomic<uint64_t>& enqueue_pos, Slot* ring, uint32_t capacity, uint64_t* pos_out) {
+  uint64_t pos = enqueue_pos.load(std::memory_order_relaxed);
+  for (;;) {
+    Slot* slot = &ring[pos % capacity];
+    const int32_t dif = int32_t(slot->seq.load(std::memory_order_acquire) - uint32_t(pos));
+    if (dif < 0) return nullptr;
+    if (dif == 0 && enqueue_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+      *pos_out = pos;
+      return slot;
+    }
+    if (dif > 0) pos = enqueue_pos.load(std::memory_order_relaxed);
+  }
+}
+
+// Whether the slot of position pos holds what a producer published there.
+template <class Slot>
+bool filled(const Slot& slot, uint64_t pos, std::memory_order order) {
+  return slot.seq.load(order) == uint32_t(pos + 1);
+}
+
 // The owner's wake socket; -1 when it cannot be made (the owner naps instead).
 int bind_wake_socket(const std::string& path) {
   sockaddr_un a;
@@ -135,6 +160,7 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, Status* er
   s->base_ = p;
   s->wake_path_ = wake_path(name);
   s->wake_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (sockaddr_un a; fill_addr(s->wake_path_, &a)) s->wake_addr_ = a;
   const ShmHeader& h = s->header();
   if (std::atomic_ref<const uint64_t>(h.magic).load(std::memory_order_acquire) != kShmMagic ||
       h.version != kShmVersion || h.mailbox_capacity != kMailboxCapacity ||
@@ -158,18 +184,9 @@ ShmSegment::~ShmSegment() {
 }
 
 bool ShmSegment::push_run(uint32_t imm, uint32_t count) {
-  ShmHeader& h = header();
-  MailboxCell* c = cells();
-  uint64_t pos = h.enqueue_pos.load(std::memory_order_relaxed);
-  MailboxCell* cell;
-  for (;;) {
-    cell = &c[pos & (kMailboxCapacity - 1)];
-    const int32_t dif = int32_t(cell->seq.load(std::memory_order_acquire) - uint32_t(pos));
-    if (dif < 0) return false;  // full: the owner has not drained a lap behind
-    if (dif == 0 && h.enqueue_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed))
-      break;
-    if (dif > 0) pos = h.enqueue_pos.load(std::memory_order_relaxed);
-  }
+  uint64_t pos;
+  MailboxCell* cell = claim(header().enqueue_pos, cells(), kMailboxCapacity, &pos);
+  if (cell == nullptr) return false;
   cell->imm.store(imm, std::memory_order_relaxed);
   cell->count.store(count, std::memory_order_relaxed);
   cell->seq.store(uint32_t(pos + 1), std::memory_order_release);
@@ -184,32 +201,20 @@ void ShmSegment::wake_owner() {
   ShmHeader& h = header();
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (h.sleeping.load(std::memory_order_relaxed) == 0 ||
-      h.sleeping.exchange(0, std::memory_order_relaxed) == 0 || wake_fd_ < 0)
+      h.sleeping.exchange(0, std::memory_order_relaxed) == 0 || wake_fd_ < 0 || !wake_addr_)
     return;
-  sockaddr_un a;
-  if (!fill_addr(wake_path_, &a)) return;
   const char b = 1;
   // Best effort: a full socket buffer means the owner is being woken anyway,
   // a gone owner needs no waking; its poll has a 2 ms timeout.
-  (void)::sendto(wake_fd_, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&a),
-                 sizeof(a));
+  (void)::sendto(wake_fd_, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+                 reinterpret_cast<const sockaddr*>(&*wake_addr_), sizeof(sockaddr_un));
 }
 
 bool ShmSegment::push_msg(const void* data, size_t len) {
   if (len > kMsgBytes) return false;
-  ShmHeader& h = header();
-  MsgSlot* m = msgs();
-  uint64_t pos = h.msg_enqueue_pos.load(std::memory_order_relaxed);
-  MsgSlot* slot;
-  for (;;) {
-    slot = &m[pos % kMsgSlots];
-    const int32_t dif = int32_t(slot->seq.load(std::memory_order_acquire) - uint32_t(pos));
-    if (dif < 0) return false;  // full
-    if (dif == 0 &&
-        h.msg_enqueue_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed))
-      break;
-    if (dif > 0) pos = h.msg_enqueue_pos.load(std::memory_order_relaxed);
-  }
+  uint64_t pos;
+  MsgSlot* slot = claim(header().msg_enqueue_pos, msgs(), kMsgSlots, &pos);
+  if (slot == nullptr) return false;
   if (len > 0) std::memcpy(slot->data, data, len);  // an empty message may come with no buffer
   slot->len.store(uint32_t(len), std::memory_order_relaxed);
   slot->seq.store(uint32_t(pos + 1), std::memory_order_release);
@@ -217,23 +222,17 @@ bool ShmSegment::push_msg(const void* data, size_t len) {
   return true;
 }
 
-int64_t ShmSegment::peek_msg() {
-  ShmHeader& h = header();
-  MsgSlot& slot = msgs()[h.msg_dequeue_pos % kMsgSlots];
-  if (slot.seq.load(std::memory_order_acquire) != uint32_t(h.msg_dequeue_pos + 1)) return -1;
-  return int64_t(slot.len.load(std::memory_order_relaxed));
-}
-
-size_t ShmSegment::pop_msg(void* dst, size_t cap) {
+int64_t ShmSegment::pop_msg(void* dst, size_t cap) {
   ShmHeader& h = header();
   const uint64_t pos = h.msg_dequeue_pos;
   MsgSlot& slot = msgs()[pos % kMsgSlots];
+  if (!filled(slot, pos, std::memory_order_acquire)) return -1;
   const size_t len = slot.len.load(std::memory_order_relaxed);
   // A length beyond the slot is a writer's fault: never read past the slot.
   if (const size_t n = std::min({len, cap, kMsgBytes}); n > 0) std::memcpy(dst, slot.data, n);
   slot.seq.store(uint32_t(pos + kMsgSlots), std::memory_order_release);
   h.msg_dequeue_pos = pos + 1;
-  return len;
+  return int64_t(len);
 }
 
 bool ShmSegment::prepare_to_sleep(bool messages_count) {
@@ -241,12 +240,10 @@ bool ShmSegment::prepare_to_sleep(bool messages_count) {
   ShmHeader& h = header();
   h.sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  const uint64_t pos = h.dequeue_pos;
-  const bool run = cells()[pos & (kMailboxCapacity - 1)].seq.load(std::memory_order_relaxed) ==
-                   uint32_t(pos + 1);
-  const uint64_t mpos = h.msg_dequeue_pos;
-  const bool msg = messages_count && msgs()[mpos % kMsgSlots].seq.load(std::memory_order_relaxed) ==
-                                         uint32_t(mpos + 1);
+  const uint64_t pos = h.dequeue_pos, mpos = h.msg_dequeue_pos;
+  const bool run = filled(cells()[pos % kMailboxCapacity], pos, std::memory_order_relaxed);
+  const bool msg =
+      messages_count && filled(msgs()[mpos % kMsgSlots], mpos, std::memory_order_relaxed);
   if (run || msg) {
     h.sleeping.store(0, std::memory_order_relaxed);
     return false;
@@ -267,8 +264,8 @@ size_t ShmSegment::pop_runs(std::span<ImmRun> out) {
   size_t n = 0;
   while (n < out.size()) {
     const uint64_t pos = h.dequeue_pos;
-    MailboxCell& cell = c[pos & (kMailboxCapacity - 1)];
-    if (cell.seq.load(std::memory_order_acquire) != uint32_t(pos + 1)) break;
+    MailboxCell& cell = c[pos % kMailboxCapacity];
+    if (!filled(cell, pos, std::memory_order_acquire)) break;
     out[n++] = ImmRun{cell.imm.load(std::memory_order_relaxed),
                       cell.count.load(std::memory_order_relaxed)};
     cell.seq.store(uint32_t(pos + kMailboxCapacity), std::memory_order_release);

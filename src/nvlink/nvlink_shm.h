@@ -11,10 +11,13 @@
 // cannot travel in them; the table makes the rkey enough.
 #pragma once
 
+#include <sys/un.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -128,11 +131,9 @@ class ShmSegment {
   // Any process: copies a message of len <= kMsgBytes into the ring; false
   // when the ring is full (back-pressure). Wakes a sleeping owner.
   bool push_msg(const void* data, size_t len);
-  // Owner only: the length of the oldest message, or -1 when there is none.
-  int64_t peek_msg();
   // Owner only: copies the oldest message (at most cap bytes) to dst and frees
-  // its slot; returns its full length.
-  size_t pop_msg(void* dst, size_t cap);
+  // its slot; returns its full length, or -1 when there is none.
+  int64_t pop_msg(void* dst, size_t cap);
 
   // Owner only: a datagram socket that becomes readable when a writer pushes
   // while the owner sleeps, so an idle worker can block in poll(2) instead of
@@ -159,9 +160,10 @@ class ShmSegment {
   std::string name_;
   void* base_ = nullptr;
   bool owner_ = false;
-  int wake_fd_ = -1;        // owner: bound socket; writer: unbound, to send from
-  std::string wake_path_;   // the owner's socket, a file beside the segment
-  uint32_t next_free_ = 0;  // owner: slots never used yet start here
+  int wake_fd_ = -1;                      // owner: bound socket; writer: unbound, to send from
+  std::string wake_path_;                 // the owner's socket, a file beside the segment
+  std::optional<sockaddr_un> wake_addr_;  // writer: wake_path_ as an address
+  uint32_t next_free_ = 0;                // owner: slots never used yet start here
   uint32_t free_list_[kRegionCapacity];
   uint32_t free_count_ = 0;
   uint64_t next_gen_ = 1;

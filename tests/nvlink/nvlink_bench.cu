@@ -189,63 +189,59 @@ int writer(test::Channel& link, test::Channel& parent) {
   // Immediate latency: 4 KiB write with imm, the target answers with one; RTT / 2.
   link.send("desc " + sdesc.to_hex());
   link.recv_str(10s);
-  constexpr int kPings = 2000;
-  link.send("pong 21 22 " + std::to_string(kPings) + " 4096");
-  link.recv_str(10s);
   ImmCounter back = e.imm_counter(22);
-  std::vector<double> us;
-  for (int i = 0; i < kPings; ++i) {
-    auto t0 = Clock::now();
-    e.submit_single_write(4096, 21, sh, 0, dst, 0, OnDone::none());
-    auto give_up = t0 + 10s;
-    while (!back.try_consume(1))
-      if (Clock::now() > give_up) {
-        say("FAIL: pong lost");
-        return 1;
-      }
-    us.push_back(secs(Clock::now() - t0) * 1e6 / 2);
+  // n pings after `gap` each (the target answers every one); the one-way
+  // times (RTT / 2, us) of those after the first `warmup`, sorted; empty when
+  // a pong did not come within 10 s.
+  auto pings = [&](int n, int warmup, std::chrono::microseconds gap) {
+    link.send("pong 21 22 " + std::to_string(n) + " 4096");
+    link.recv_str(10s);
+    std::vector<double> us;
+    for (int i = 0; i < n; ++i) {
+      if (gap.count() > 0) std::this_thread::sleep_for(gap);  // pacing, not synchronisation
+      auto t0 = Clock::now();
+      e.submit_single_write(4096, 21, sh, 0, dst, 0, OnDone::none());
+      auto give_up = t0 + 10s;
+      while (!back.try_consume(1))
+        if (Clock::now() > give_up) return std::vector<double>{};
+      if (i >= warmup) us.push_back(secs(Clock::now() - t0) * 1e6 / 2);
+    }
+    link.recv_str(10s);
+    std::sort(us.begin(), us.end());
+    return us;
+  };
+  auto pct = [](const std::vector<double>& us, double q) {
+    return us[size_t(q * double(us.size() - 1))];
+  };
+  const std::vector<double> us = pings(2000, 100, 0us);
+  if (us.empty()) {
+    say("FAIL: pong lost");
+    return 1;
   }
-  link.recv_str(10s);
-  std::sort(us.begin() + 100, us.end());  // first 100: warm-up, not counted
-  auto pct = [&](double q) { return us[100 + size_t(q * (us.size() - 101))]; };
   char line[256];
   std::snprintf(
       line, sizeof line,
-      "imm latency (4 KiB write + imm, counter reached in the other process, RTT/2 of %d): "
+      "imm latency (4 KiB write + imm, counter reached in the other process, RTT/2 of %zu): "
       "p50 %.2f us, p90 %.2f us, p99 %.2f us",
-      kPings - 100, pct(0.5), pct(0.9), pct(0.99));
+      us.size(), pct(us, 0.5), pct(us, 0.9), pct(us, 0.99));
   say(line);
   std::snprintf(line, sizeof line,
                 "baseline: 4 KiB cudaMemcpyPeerAsync in one process, call to event complete: "
                 "p50 %.2f us, p99 %.2f us (ferry p50 / baseline p50 = %.2f)",
                 base_us[base_us.size() / 2], base_us[base_us.size() * 99 / 100],
-                pct(0.5) / base_us[base_us.size() / 2]);
+                pct(us, 0.5) / base_us[base_us.size() / 2]);
   say(line);
   // Sparse pings, 1 ms apart: both workers have gone idle (adaptive polling
   // blocks after 200 us), so each one-way trip includes waking the target.
-  constexpr int kSparse = 300;
-  link.send("pong 21 22 " + std::to_string(kSparse) + " 4096");
-  link.recv_str(10s);
-  std::vector<double> sparse;
-  for (int i = 0; i < kSparse; ++i) {
-    std::this_thread::sleep_for(1ms);  // pacing, not synchronisation
-    auto t0 = Clock::now();
-    e.submit_single_write(4096, 21, sh, 0, dst, 0, OnDone::none());
-    auto give_up = t0 + 10s;
-    while (!back.try_consume(1))
-      if (Clock::now() > give_up) {
-        say("FAIL: sparse pong lost");
-        return 1;
-      }
-    if (i >= 20) sparse.push_back(secs(Clock::now() - t0) * 1e6 / 2);
+  const std::vector<double> sparse = pings(300, 20, 1ms);
+  if (sparse.empty()) {
+    say("FAIL: sparse pong lost");
+    return 1;
   }
-  link.recv_str(10s);
-  std::sort(sparse.begin(), sparse.end());
   std::snprintf(
       line, sizeof line,
-      "imm latency, pings 1 ms apart (RTT/2 of %d): p50 %.2f us, p90 %.2f us, p99 %.2f us",
-      kSparse - 20, sparse[sparse.size() / 2], sparse[sparse.size() * 9 / 10],
-      sparse[sparse.size() * 99 / 100]);
+      "imm latency, pings 1 ms apart (RTT/2 of %zu): p50 %.2f us, p90 %.2f us, p99 %.2f us",
+      sparse.size(), pct(sparse, 0.5), pct(sparse, 0.9), pct(sparse, 0.99));
   say(line);
   // CPU an idle engine burns: this process, nothing submitted for a second.
   auto cpu_ms = [] {

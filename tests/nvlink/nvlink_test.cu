@@ -49,6 +49,24 @@ bool wait_flag(std::atomic<bool>& done) {
   return true;
 }
 
+// One single write of len bytes from `from` to `to`, and how it ended: refused
+// at submit (the thrown error), failed or done (its on_done), or no completion.
+Status write_status(TransferEngine& e, MrHandle from, uint64_t len, uint32_t imm,
+                    const MrDesc& to) {
+  Status got;
+  std::atomic<bool> done{false};
+  try {
+    e.submit_single_write(len, imm, from, 0, to, 0, [&](const Status& s) {
+      got = s;
+      done = true;
+    });
+    if (!wait_flag(done)) return Status(Code::kDeadlineExceeded, "no completion in 30 s");
+  } catch (const Error& err) {
+    return Status(err.code(), err.what());
+  }
+  return got;
+}
+
 int writer_main(const std::string& provider, int dev, test::Channel& link, test::Channel& parent) {
   Writer w{link, parent};
   cudaSetDevice(dev);
@@ -225,18 +243,7 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
   // suffer: a write to the live region right after lands and is counted.
   {
     auto write_to = [&](const MrDesc& d, uint32_t imm) {
-      Status got;
-      std::atomic<bool> done{false};
-      try {
-        e.submit_single_write(4096, imm, sh, 0, d, 0, [&](const Status& s) {
-          got = s;
-          done = true;
-        });
-        if (!wait_flag(done)) return Status(Code::kDeadlineExceeded, "no completion");
-      } catch (const Error& err) {
-        return Status(err.code(), err.what());
-      }
-      return got;
+      return write_status(e, sh, 4096, imm, d);
     };
     const MrDesc extra = MrDesc::from_hex(w.ask("extra"));
     Status before = write_to(extra, 61);
@@ -262,24 +269,11 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
     std::vector<uint8_t> raw(other.nics[0].addr.raw().begin(), other.nics[0].addr.raw().end());
     raw[8] ^= 0xff;
     other.nics[0].addr = NetAddr(Transport::kNvlink, other.nics[0].addr.incarnation() ^ 1, raw);
-    Status got;
-    std::atomic<bool> done{false};
-    try {
-      e.submit_single_write(4096, 5, sh, 0, other, 0, [&](const Status& s) {
-        got = s;
-        done = true;
-      });
-      wait_flag(done);
-      if (got.code() != Code::kInvalidArgument)
-        w.fail("foreign host: " + got.message());
-      else
-        w.say("[ nvlink ] descriptor of another host: " + got.message());
-    } catch (const Error& err) {
-      if (err.code() != Code::kInvalidArgument)
-        w.fail(std::string("foreign host: ") + err.what());
-      else
-        w.say(std::string("[ nvlink ] descriptor of another host: ") + err.what());
-    }
+    const Status got = write_status(e, sh, 4096, 5, other);
+    if (got.code() != Code::kInvalidArgument)
+      w.fail("foreign host: " + got.message());
+    else
+      w.say("[ nvlink ] descriptor of another host: " + got.message());
 
     // A CUDA error in the copy, last because it poisons this process's CUDA
     // context: a source region freed behind the engine's back (registered, then
@@ -287,18 +281,7 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
     // typed error naming the CUDA error, and what is submitted after it must
     // end (with an error: the context is gone) rather than hang.
     auto write_from = [&](MrHandle from, uint64_t len) {
-      Status got;
-      std::atomic<bool> done{false};
-      try {
-        e.submit_single_write(len, 64, from, 0, dst, 0, [&](const Status& s) {
-          got = s;
-          done = true;
-        });
-        if (!wait_flag(done)) return Status(Code::kDeadlineExceeded, "no completion in 30 s");
-      } catch (const Error& err) {
-        return Status(err.code(), err.what());
-      }
-      return got;
+      return write_status(e, from, len, 64, dst);
     };
     constexpr size_t kGone = 64 << 20;
     void* gone = nullptr;
