@@ -1,6 +1,8 @@
 // ferry-bench: sweeps the engine's operations between two processes on one
-// machine and measures each point against a raw libfabric baseline run in the
-// same invocation on the same provider, window and buffers.
+// machine and measures each point against a baseline run in the same
+// invocation on the same provider, window and buffers: raw libfabric, or for
+// the nvlink provider one cudaMemcpyAsync per write into the peer's region.
+// With --gpu both regions are GPU memory (client and server GPU).
 //
 // Process model: the client (parent) drives; the server (forked child) owns
 // the destination memory, counts immediates, answers ping-pongs and verifies.
@@ -41,6 +43,7 @@
 
 #include "channel.h"
 #include "ferry/ferry.h"
+#include "gpu.h"
 #include "plan.h"
 #include "raw_fabric.h"
 
@@ -67,6 +70,7 @@ struct Options {
   std::string provider = "tcp;ofi_rxm";
   int nics = 1;
   std::vector<std::string> nic_names;
+  std::vector<int> gpu;  // empty = host memory, else {client GPU, server GPU}
   int window = 32;
   std::string poll = "adaptive";
   std::vector<int> cpu = {-1, -1, -1};
@@ -87,6 +91,11 @@ struct Options {
   std::string load_start;  // other users' load matters on a shared machine: recorded
 
   uint64_t region() const { return region_mib << 20; }
+  bool nvlink() const { return provider == "nvlink"; }
+  int gpu_of(bool server) const { return gpu.empty() ? -1 : gpu[server ? 1 : 0]; }
+  // The baseline of every point: raw libfabric on the same provider, or
+  // CUDA copies into the peer's region (nvlink), or none.
+  const char* baseline() const { return no_raw ? "none" : nvlink() ? "cuda" : "raw"; }
   ferry::PollMode poll_mode() const {
     return poll == "busy" ? ferry::PollMode::kBusy : ferry::PollMode::kAdaptive;
   }
@@ -114,18 +123,15 @@ double secs_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-uint8_t* alloc_region(uint64_t len) {
-  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::runtime_error("mmap of the region failed");
-  // Touch every page now so no point pays page faults (or reads the zero page).
-  std::memset(p, 0, len);
-  return static_cast<uint8_t*>(p);
-}
-
-ferry::EngineConfig engine_config(const Options& o, const std::vector<int>& cpu) {
+ferry::EngineConfig engine_config(const Options& o, bool server) {
+  const std::vector<int>& cpu = server ? o.server_cpu : o.cpu;
   ferry::EngineConfig c;
   c.provider = o.provider;
-  c.groups[0].nic_names = o.nic_names;
+  if (!o.nvlink()) c.groups[0].nic_names = o.nic_names;  // nvlink: the GPU's own endpoint
+  if (!o.gpu.empty()) {
+    c.groups[0].device = ferry::Device::cuda(o.gpu_of(server));
+    c.groups[0].insist = true;  // lo / shm are no NICs of the GPU's topology
+  }
   c.groups[0].worker_cpu = cpu[0];
   c.callback_cpu = cpu[1];
   c.poll_mode = o.poll_mode();
@@ -460,12 +466,13 @@ class RawClient {
 
 // Serves one raw phase until the client's kRawStop, then waits for what is
 // still on the wire and verifies. Replies {arrivals, verify text}.
-void serve_raw(RawFabric& rf, uint8_t* region, const RawRegion& client, const Options& o, int fd,
+void serve_raw(RawFabric& rf, Region& reg, const RawRegion& client, const Options& o, int fd,
                const Point& p, RawMode mode, uint64_t seed, bool* recvs_posted) {
   const Layout l(p, o.region());
-  uint8_t* msg = region + o.region() - kMsgArea;
+  uint8_t* region = reg.data();
+  uint8_t* msg = region + o.region() - kMsgArea;  // host regions only: no ping-pong on GPUs
   if (mode == RawMode::kPingSend) post_raw_recvs(rf, msg, recvs_posted);
-  if (o.verify && mode == RawMode::kSink) std::memset(region, 0, l.data);
+  if (o.verify && mode == RawMode::kSink) reg.zero(l.data);
   send_msg(fd, MsgType::kReply);  // ready
 
   RawEvent ev[32];
@@ -527,7 +534,7 @@ void serve_raw(RawFabric& rf, uint8_t* region, const RawRegion& client, const Op
   if (o.verify && mode == RawMode::kSink && verify.empty()) {
     // Writes without an immediate may still be in flight: re-check until they land.
     for (;;) {
-      verify = check_writes(l, region, reqs, seed);
+      verify = reg.check(l, reqs, seed);
       if (verify.empty() || Clock::now() > deadline) break;
       for (int i = 0; i < 1000; ++i) step();
     }
@@ -535,6 +542,63 @@ void serve_raw(RawFabric& rf, uint8_t* region, const RawRegion& client, const Op
   }
   send_msg(fd, MsgType::kReply, Writer().put(arrivals).str(verify));
 }
+
+// The server half of a CUDA baseline phase: the client's copies are complete
+// when it sends kRawStop (it waited for their events), so only the check is left.
+void serve_copies(Region& reg, const Options& o, int fd, const Point& p, uint64_t seed) {
+  const Layout l(p, o.region());
+  if (o.verify) reg.zero(l.data);
+  send_msg(fd, MsgType::kReply);  // ready
+  Reader stop = recv_msg(fd, MsgType::kRawStop);
+  const uint64_t reqs = stop.get<uint64_t>();
+  std::string verify;
+  if (o.verify) {
+    verify = reg.check(l, reqs, seed);
+    if (verify.empty()) verify = "ok";
+  }
+  send_msg(fd, MsgType::kReply, Writer().put(uint64_t(0)).str(verify));
+}
+
+// The client half: every write of a request one cudaMemcpyAsync on the
+// stream of its slot, as NIXL's and Mooncake's NVLink paths copy descriptors.
+class CopyClient {
+ public:
+  CopyClient(Region& region, std::vector<uint8_t> peer_handle, const Options& o)
+      : region_(region), peer_handle_(std::move(peer_handle)), o_(o) {}
+
+  static bool covers(const Point& p) {
+    return p.kind == Kind::kSingle || p.kind == Kind::kPaged || p.kind == Kind::kScatter;
+  }
+
+  Result throughput(const Layout& l, const DriveConfig& dc, uint64_t* next_req) {
+    PeerCopier copier(o_.gpu_of(false), peer_handle_, dc.window);
+    std::vector<char> busy(dc.window, 0);
+    auto admit = [&](uint64_t r, uint32_t slot) {
+      for (uint32_t k = 0; k < l.writes_per_req; ++k) {
+        WriteSpec w = l.write(r, k);
+        copier.copy(slot, w.dst, region_.data() + w.src, w.len);
+      }
+      copier.close(slot);
+      busy[slot] = 1;
+    };
+    auto progress = [&](auto&& on_done) -> size_t {
+      size_t n = 0;
+      for (uint32_t s = 0; s < dc.window; ++s) {
+        if (!busy[s] || !copier.done(s)) continue;
+        busy[s] = 0;
+        on_done(s, true);
+        ++n;
+      }
+      return n;
+    };
+    return drive(dc, next_req, admit, progress, [] { std::this_thread::yield(); });
+  }
+
+ private:
+  Region& region_;
+  std::vector<uint8_t> peer_handle_;
+  const Options& o_;
+};
 
 // ------------------------------------------------------------------ ferry side
 
@@ -554,17 +618,17 @@ struct FerryServerPoint {
 
 // Server half of a ferry phase: engine up, descriptors out, respond or wait,
 // then settle, verify and stop the engine. Replies {arrivals, verify text}.
-void serve_ferry(uint8_t* region, const Options& o, int fd, const Point& p, uint64_t seed,
+void serve_ferry(Region& reg, const Options& o, int fd, const Point& p, uint64_t seed,
                  const ferry::MrDesc& client) {
   const Layout l(p, o.region());
-  if (o.verify) std::memset(region, 0, l.data);
-  auto e = std::make_unique<ferry::TransferEngine>(engine_config(o, o.server_cpu));
+  if (o.verify) reg.zero(l.data);
+  auto e = std::make_unique<ferry::TransferEngine>(engine_config(o, true));
   std::vector<ferry::MrDesc> descs;
   if (p.kind == Kind::kScatter || p.kind == Kind::kBarrier) {
     for (uint32_t t = 0; t < p.count; ++t)
-      descs.push_back(e->reg_mr(region + uint64_t(t) * l.slice, l.slice).second);
+      descs.push_back(e->reg_mr(reg.data() + uint64_t(t) * l.slice, l.slice, reg.device()).second);
   } else {
-    descs.push_back(e->reg_mr(region, o.region()).second);
+    descs.push_back(e->reg_mr(reg.data(), o.region(), reg.device()).second);
   }
   auto data = e->imm_counter(kImmData);
   ferry::ImmCounter ping;
@@ -609,7 +673,7 @@ void serve_ferry(uint8_t* region, const Options& o, int fd, const Point& p, uint
     for (;;) {
       // Scatter targets are separate registrations carved from the region:
       // the layout's absolute offsets hold for them too.
-      verify = check_writes(l, region, reqs, seed);
+      verify = reg.check(l, reqs, seed);
       if (verify.empty() || Clock::now() > deadline) break;
       std::this_thread::sleep_for(1ms);
     }
@@ -622,12 +686,12 @@ void serve_ferry(uint8_t* region, const Options& o, int fd, const Point& p, uint
 
 class FerryClient {
  public:
-  FerryClient(uint8_t* region, const Options& o, int fd) : region_(region), o_(o), fd_(fd) {}
+  FerryClient(Region& region, const Options& o, int fd) : region_(region), o_(o), fd_(fd) {}
 
   Result run(uint64_t index, const Point& p, const DriveConfig& dc, uint64_t seed) {
     const Layout l(p, o_.region());
-    ferry::TransferEngine e(engine_config(o_, o_.cpu));
-    auto [h, mine] = e.reg_mr(region_, o_.region());
+    ferry::TransferEngine e(engine_config(o_, false));
+    auto [h, mine] = e.reg_mr(region_.data(), o_.region(), region_.device());
     auto pong = e.imm_counter(kImmPong);
     std::atomic<uint64_t> received{0};
     std::atomic<uint64_t> last_echo{~0ull}, last_len{0};
@@ -757,7 +821,7 @@ class FerryClient {
     return drive(dc, next_req, admit, progress, [] { std::this_thread::yield(); });
   }
 
-  uint8_t* region_;
+  Region& region_;
   const Options& o_;
   int fd_;
 };
@@ -862,12 +926,14 @@ void write_json(const std::string& path, const Options& o, const std::vector<Poi
   f << fmt::format(
       "\"command\": {}, \"git_commit\": {}, \"provider\": {}, \"nics\": {}, \"window\": {}, "
       "\"poll\": {}, \"seconds_per_point\": {}, \"iters\": {}, \"repeat\": {}, \"verify\": {}, "
-      "\"raw\": {}, \"nproc\": {}, \"cpu_model\": {}, \"kernel\": {}, \"date\": {}, "
+      "\"raw\": {}, \"baseline\": {}, \"gpu\": {}, \"nproc\": {}, \"cpu_model\": {}, "
+      "\"kernel\": {}, \"date\": {}, "
       "\"total_seconds\": {}, "
       "\"loadavg_start\": {}, \"loadavg_end\": {}",
       json_str(o.command_line), json_str(shell("git rev-parse --short HEAD 2>/dev/null")),
       json_str(o.provider), o.nic_names.size(), o.window, json_str(o.poll), o.seconds, o.iters,
-      o.repeat, o.verify ? "true" : "false", o.no_raw ? "false" : "true",
+      o.repeat, o.verify ? "true" : "false", o.no_raw ? "false" : "true", json_str(o.baseline()),
+      o.gpu.empty() ? std::string("null") : fmt::format("[{}, {}]", o.gpu[0], o.gpu[1]),
       sysconf(_SC_NPROCESSORS_ONLN), json_str(model),
       json_str(std::string(u.sysname) + " " + u.release),
       json_str(shell("date -u +%Y-%m-%dT%H:%M:%SZ")), json_num(total_s), json_str(o.load_start),
@@ -888,13 +954,13 @@ void write_json(const std::string& path, const Options& o, const std::vector<Poi
   f << "  ]\n}\n";
 }
 
-void print_header() {
+void print_header(const char* baseline) {
   fmt::print(
       "{:<9}{:>6}{:>6}{:>4}{:>4} |{:>7}{:>7}{:>9}{:>9}{:>8}{:>8}{:>7} |{:>7}{:>9}{:>8}{:>8}{:>7} "
       "|{:>6}  {}\n",
       "kind", "size", "count", "imm", "win", "GB/s", "Gbps", "ops/s", "wr/s", "p50us", "p99us",
       "cpuus", "GB/s", "ops/s", "p50us", "p99us", "cpuus", "frac", "verify");
-  fmt::print("{:<38}|{:^66}|{:^47}|\n", "", "ferry", "raw");
+  fmt::print("{:<38}|{:^66}|{:^47}|\n", "", "ferry", baseline);
 }
 
 void print_row(const PointResult& r) {
@@ -941,17 +1007,19 @@ RawRegion read_hello(RawFabric& rf, Reader& r) {
 
 int server(int fd, const Options& o, const std::vector<Point>& points) {
   pin_self(o.server_cpu[2]);
-  uint8_t* region = alloc_region(o.region());
+  Region region(o.region(), o.gpu_of(true));
   std::unique_ptr<RawFabric> rf;
   RawRegion mine, client;
-  if (!o.no_raw) {
-    rf = std::make_unique<RawFabric>(o.provider, o.nic_names);
-    mine = rf->register_region(region, o.region(), true);
+  if (!o.no_raw && !o.nvlink()) {
+    rf = std::make_unique<RawFabric>(o.provider, o.nic_names, region.on_gpu());
+    mine = rf->register_region(region.data(), o.region(), true, o.gpu_of(true));
   }
   Reader h = recv_msg(fd, MsgType::kHello);
   if (rf) {
     client = read_hello(*rf, h);
     send_msg(fd, MsgType::kHello, hello(*rf, mine));
+  } else if (!o.no_raw) {
+    send_msg(fd, MsgType::kHello, Writer().bytes(region.ipc_handle()));  // the CUDA baseline
   } else {
     send_msg(fd, MsgType::kHello);
   }
@@ -962,7 +1030,11 @@ int server(int fd, const Options& o, const std::vector<Point>& points) {
     const Point& p = points.at(msg.get<uint64_t>());
     if (type == MsgType::kRawRun) {
       auto mode = msg.get<RawMode>();
-      serve_raw(*rf, region, client, o, fd, p, mode, msg.get<uint64_t>(), &recvs_posted);
+      const uint64_t seed = msg.get<uint64_t>();
+      if (rf)
+        serve_raw(*rf, region, client, o, fd, p, mode, seed, &recvs_posted);
+      else
+        serve_copies(region, o, fd, p, seed);
     } else if (type == MsgType::kFerryBegin) {
       uint64_t seed = msg.get<uint64_t>();
       serve_ferry(region, o, fd, p, seed, ferry::MrDesc::from_bytes(msg.bytes()));
@@ -975,31 +1047,44 @@ int server(int fd, const Options& o, const std::vector<Point>& points) {
 
 int client(int fd, Options& o, const std::vector<Point>& points) {
   pin_self(o.cpu[2]);
-  uint8_t* region = alloc_region(o.region());
+  Region region(o.region(), o.gpu_of(false));
   const uint64_t data = o.region() - kMsgArea;
-  fill_pattern(region, data, 0);
+  region.fill(data, 0);
   std::unique_ptr<RawFabric> rf;
   std::unique_ptr<RawClient> raw;
-  if (!o.no_raw) {
-    rf = std::make_unique<RawFabric>(o.provider, o.nic_names);
-    RawRegion mine = rf->register_region(region, o.region(), true);
+  std::unique_ptr<CopyClient> copies;
+  if (!o.no_raw && !o.nvlink()) {
+    rf = std::make_unique<RawFabric>(o.provider, o.nic_names, region.on_gpu());
+    RawRegion mine = rf->register_region(region.data(), o.region(), true, o.gpu_of(false));
     send_msg(fd, MsgType::kHello, hello(*rf, mine));
     Reader r = recv_msg(fd, MsgType::kHello);
-    raw = std::make_unique<RawClient>(*rf, region, o.region(), read_hello(*rf, r), o);
+    raw = std::make_unique<RawClient>(*rf, region.data(), o.region(), read_hello(*rf, r), o);
   } else {
     send_msg(fd, MsgType::kHello);
-    recv_msg(fd, MsgType::kHello);
+    Reader r = recv_msg(fd, MsgType::kHello);
+    if (!o.no_raw) copies = std::make_unique<CopyClient>(region, r.bytes(), o);
   }
-  fmt::print("ferry-bench: provider {}, NICs [{}], window {}, poll {}, {} s per point{}{}{}\n",
-             o.provider, fmt::join(o.nic_names, ","), o.window, o.poll, o.seconds,
+  // Which points have a baseline: the raw send/recv ping-pong needs host
+  // buffers, the CUDA one covers the writes that carry data.
+  auto has_baseline = [&](const Point& p) {
+    if (raw) return !(region.on_gpu() && p.kind == Kind::kSendRecv);
+    return copies && CopyClient::covers(p);
+  };
+  fmt::print("ferry-bench: provider {}, NICs [{}], {}, window {}, poll {}, {} s per point{}{}{}\n",
+             o.provider, fmt::join(o.nic_names, ","),
+             o.gpu.empty() ? std::string("host memory")
+                           : fmt::format("GPU {} -> GPU {}", o.gpu[0], o.gpu[1]),
+             o.window, o.poll, o.seconds,
              o.repeat > 1 ? fmt::format(", median of {} alternating runs", o.repeat) : "",
              o.iters ? fmt::format(" ({} requests)", o.iters) : "", o.verify ? ", verifying" : "");
   fmt::print(
       "latency columns: per-request completion time (throughput points), half round trip "
-      "(imm, imm-cb, sendrecv); frac = ferry/raw throughput, or raw/ferry p50 latency\n");
+      "(imm, imm-cb, sendrecv); frac = ferry/{} throughput, or {}/ferry p50 latency{}\n",
+      o.baseline(), o.baseline(),
+      copies ? "; cuda = one cudaMemcpyAsync per write into the peer's IPC-mapped region" : "");
   o.load_start = shell("cut -d' ' -f1-3 /proc/loadavg");
   fmt::print("load average at start: {}\n", o.load_start);
-  print_header();
+  print_header(o.baseline());
   FerryClient fc(region, o, fd);
   std::vector<PointResult> results;
   const auto t_start = Clock::now();
@@ -1023,14 +1108,17 @@ int client(int fd, Options& o, const std::vector<Point>& points) {
     std::vector<Result> raws, ferries;
     try {
       for (int r = 0; r < o.repeat; ++r) {
-        if (raw) {
+        if (has_baseline(p)) {
           uint64_t s = seed++;
-          if (o.verify && !p.latency()) fill_pattern(region, data, s);
+          if (o.verify && !p.latency()) region.fill(data, s);
           RawMode mode = raw_mode(p);
           send_msg(fd, MsgType::kRawRun, Writer().put<uint64_t>(i).put(mode).put(s));
           recv_msg(fd, MsgType::kReply);
           uint64_t next = 0;
-          pr.raw = p.latency() ? raw->pingpong_(p, dc) : raw->throughput(p, l, dc, &next);
+          if (copies)
+            pr.raw = copies->throughput(l, dc, &next);
+          else
+            pr.raw = p.latency() ? raw->pingpong_(p, dc) : raw->throughput(p, l, dc, &next);
           uint64_t per = (p.imm || p.kind == Kind::kBarrier) ? l.writes_per_req : 0;
           send_msg(fd, MsgType::kRawStop, Writer().put(next).put(p.latency() ? 0 : next * per));
           Reader rep = recv_msg(fd, MsgType::kReply);
@@ -1040,7 +1128,7 @@ int client(int fd, Options& o, const std::vector<Point>& points) {
           raws.push_back(std::move(pr.raw));
         }
         uint64_t s = seed++;
-        if (o.verify && !p.latency()) fill_pattern(region, data, s);
+        if (o.verify && !p.latency()) region.fill(data, s);
         ferries.push_back(fc.run(i, p, dc, s));
         if (!raws.empty())
           pr.rep_fractions.push_back(PointResult::fraction_of(p, ferries.back(), raws.back()));
@@ -1071,6 +1159,19 @@ int client(int fd, Options& o, const std::vector<Point>& points) {
   return failed ? 1 : 0;
 }
 
+// Exit code of a run that cannot happen here (CTest's SKIP_RETURN_CODE).
+constexpr int kSkipped = 77;
+
+// GPUs visible, asked in a child: CUDA does not survive the fork that follows.
+int visible_gpus() {
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) ::_exit(std::min(gpu_count(), 127));
+  int st = 0;
+  if (pid < 0 || ::waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 0;
+  return WEXITSTATUS(st);
+}
+
 }  // namespace
 }  // namespace ferry_bench
 
@@ -1082,7 +1183,8 @@ int main(int argc, char** argv) {
       "ferry-bench: two-process sweep of ferry's operations (single and paged writes, scatter, "
       "barrier, immediate and send/recv ping-pong), each measured against a raw libfabric "
       "baseline on the same provider in the same run."};
-  app.add_option("--provider", o.provider, "libfabric provider: tcp;ofi_rxm, shm, efa")
+  app.add_option("--provider", o.provider,
+                 "libfabric provider (tcp;ofi_rxm, shm, efa), or nvlink (needs --gpu)")
       ->capture_default_str();
   auto* nics_opt = app.add_option("--nics", o.nics,
                                   "NICs per group (1, 2 or 4), all on the "
@@ -1091,6 +1193,12 @@ int main(int argc, char** argv) {
   app.add_option("--nic", o.nic_names,
                  "NIC (libfabric domain) name; repeat for several NICs per group")
       ->excludes(nics_opt);
+  app.add_option("--gpu", o.gpu,
+                 "GPU memory: the client's and the server's CUDA device as C,S (e.g. 0,1); "
+                 "exits 77 (skipped) when they are not there")
+      ->delimiter(',')
+      ->expected(2)
+      ->check(CLI::Range(0, 127));
   app.add_option("--window", o.window,
                  "requests in flight, the same for ferry and the raw baseline (capped by "
                  "--max-inflight-mib)")
@@ -1112,7 +1220,8 @@ int main(int argc, char** argv) {
                "fill a fresh pattern before every phase and check every written byte (and the "
                "gaps between pages) on the server afterwards; echo check for send/recv");
   app.add_flag("--quick", o.quick, "short sweep for CI (a few sizes, 0.25 s per phase)");
-  app.add_flag("--no-raw", o.no_raw, "skip the raw libfabric baseline");
+  app.add_flag("--no-raw", o.no_raw,
+               "skip the baseline (raw libfabric, or CUDA copies for nvlink)");
   app.add_option("--only", o.only,
                  "comma-separated: single,paged,scatter,barrier,imm,sendrecv (imm runs both the "
                  "counter and the callback responder)")
@@ -1143,10 +1252,30 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (o.seconds <= 0) o.seconds = o.quick ? 0.25 : 1.0;
-  if (o.nic_names.empty()) o.nic_names.assign(size_t(o.nics), o.provider == "shm" ? "shm" : "lo");
-  if (o.nic_names.size() != 1 && o.nic_names.size() != 2 && o.nic_names.size() != 4) {
+  if (o.nvlink()) {
+    if (o.gpu.empty() || !o.nic_names.empty() || o.nics != 1) {
+      std::fprintf(stderr, "ferry-bench: nvlink needs --gpu and takes no --nic / --nics\n");
+      return 2;
+    }
+  } else if (o.nic_names.empty()) {
+    o.nic_names.assign(size_t(o.nics), o.provider == "shm" ? "shm" : "lo");
+  }
+  if (!o.nvlink() && o.nic_names.size() != 1 && o.nic_names.size() != 2 &&
+      o.nic_names.size() != 4) {
     std::fprintf(stderr, "ferry-bench: 1, 2 or 4 NICs per group\n");
     return 2;
+  }
+  if (!o.gpu.empty()) {
+    if (!gpu_built()) {
+      std::fprintf(stderr, "ferry-bench: skipped: built without CUDA, --gpu is unavailable\n");
+      return kSkipped;
+    }
+    const int have = visible_gpus();
+    if (std::max(o.gpu[0], o.gpu[1]) >= have) {
+      std::fprintf(stderr, "ferry-bench: skipped: --gpu %d,%d but %d GPUs visible\n", o.gpu[0],
+                   o.gpu[1], have);
+      return kSkipped;
+    }
   }
   auto points = make_points(o);
   if (points.empty()) {

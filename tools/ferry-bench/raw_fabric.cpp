@@ -28,7 +28,7 @@ void check(int ret, const std::string& nic, const char* call) {
 
 }  // namespace
 
-RawFabric::RawFabric(const std::string& provider, const std::vector<std::string>& nics)
+RawFabric::RawFabric(const std::string& provider, const std::vector<std::string>& nics, bool hmem)
     : provider_(provider) {
   eps_.resize(nics.size());
   for (size_t k = 0; k < nics.size(); ++k) {
@@ -43,6 +43,10 @@ RawFabric::RawFabric(const std::string& provider, const std::vector<std::string>
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    if (hmem) {
+      hints->caps |= FI_HMEM;
+      hints->domain_attr->mr_mode |= FI_MR_HMEM;
+    }
     hints->fabric_attr->prov_name = strdup(provider.c_str());
     hints->domain_attr->name = strdup(e.name.c_str());
     fi_info* list = nullptr;
@@ -53,7 +57,7 @@ RawFabric::RawFabric(const std::string& provider, const std::vector<std::string>
     for (fi_info* i = list; i && !e.info; i = i->next)
       if (i->fabric_attr->prov_name && provider == i->fabric_attr->prov_name &&
           i->domain_attr->name && e.name == i->domain_attr->name &&
-          i->domain_attr->cq_data_size >= 4)
+          i->domain_attr->cq_data_size >= 4 && (!hmem || (i->caps & FI_HMEM) != 0))
         e.info = fi_dupinfo(i);
     fi_freeinfo(list);
     if (!e.info)
@@ -114,15 +118,22 @@ std::vector<uint8_t> RawFabric::address(size_t nic) const {
   return a;
 }
 
-RawRegion RawFabric::register_region(void* ptr, size_t len, bool remote) {
+RawRegion RawFabric::register_region(void* ptr, size_t len, bool remote, int gpu) {
   RawRegion r;
   for (auto& e : eps_) {
     fid_mr* mr = nullptr;
     uint64_t access = FI_SEND | FI_RECV | FI_WRITE | FI_READ;
     if (remote) access |= FI_REMOTE_WRITE | FI_REMOTE_READ;
     uint64_t requested = (e.mr_mode & FI_MR_PROV_KEY) ? 0 : next_key_++;
-    check(fi_mr_reg(e.domain, ptr, len, access, 0, requested, 0, &mr, nullptr), e.name,
-          "fi_mr_reg");
+    iovec iov{ptr, len};
+    fi_mr_attr attr{};
+    attr.mr_iov = &iov;
+    attr.iov_count = 1;
+    attr.access = access;
+    attr.requested_key = requested;
+    attr.iface = gpu >= 0 ? FI_HMEM_CUDA : FI_HMEM_SYSTEM;
+    attr.device.cuda = gpu >= 0 ? gpu : 0;
+    check(fi_mr_regattr(e.domain, &attr, 0, &mr), e.name, "fi_mr_regattr");
     e.mrs.push_back(mr);
     if (e.mr_mode & FI_MR_ENDPOINT) {
       check(fi_mr_bind(mr, &e.ep->fid, 0), e.name, "fi_mr_bind");

@@ -34,16 +34,18 @@ struct RawEvent {
 
 class RawFabric {
  public:
-  // Opens one endpoint per name in `nics` on `provider`. Throws std::runtime_error.
-  RawFabric(const std::string& provider, const std::vector<std::string>& nics);
+  // Opens one endpoint per name in `nics` on `provider`, asking for FI_HMEM
+  // when `hmem` (GPU regions). Throws std::runtime_error.
+  RawFabric(const std::string& provider, const std::vector<std::string>& nics, bool hmem = false);
   ~RawFabric();
   RawFabric(const RawFabric&) = delete;
   RawFabric& operator=(const RawFabric&) = delete;
 
   size_t nics() const { return eps_.size(); }
   std::vector<uint8_t> address(size_t nic) const;
-  // Registers [ptr, ptr+len) on every NIC (remote write access when `remote`).
-  RawRegion register_region(void* ptr, size_t len, bool remote);
+  // Registers [ptr, ptr+len) on every NIC (remote write access when `remote`);
+  // memory of CUDA device `gpu` when gpu >= 0 (FI_HMEM_CUDA, as the engine does).
+  RawRegion register_region(void* ptr, size_t len, bool remote, int gpu = -1);
   void* local_desc(size_t nic) const { return eps_[nic].mr_desc; }
   // Resolves the peer's address of each NIC (the same NIC index on both sides).
   void insert_peer(const std::vector<std::vector<uint8_t>>& addrs);
