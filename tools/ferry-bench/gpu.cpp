@@ -132,6 +132,7 @@ struct PeerCopier::State {
   uint8_t* peer = nullptr;
   std::vector<cudaStream_t> streams;
   std::vector<cudaEvent_t> events;
+  std::vector<cudaStream_t> stream_of;  // per slot, its request's stream
   ~State() {
     for (auto e : events) cudaEventDestroy(e);
     for (auto s : streams) cudaStreamDestroy(s);
@@ -158,19 +159,23 @@ PeerCopier::PeerCopier(int gpu, const std::vector<uint8_t>& peer_handle, size_t 
     cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
     s_->events.push_back(ev);
   }
+  s_->stream_of.assign(slots, s_->streams[0]);
 }
 
 PeerCopier::~PeerCopier() = default;
 
+void PeerCopier::begin(uint32_t slot, uint64_t req) {
+  s_->stream_of[slot] = s_->streams[req % s_->streams.size()];
+}
+
 void PeerCopier::copy(uint32_t slot, uint64_t dst_off, const uint8_t* src, uint64_t len) {
-  cuda_check(cudaMemcpyAsync(s_->peer + dst_off, src, len, cudaMemcpyDeviceToDevice,
-                             s_->streams[slot % s_->streams.size()]),
-             "cudaMemcpyAsync");
+  cuda_check(
+      cudaMemcpyAsync(s_->peer + dst_off, src, len, cudaMemcpyDeviceToDevice, s_->stream_of[slot]),
+      "cudaMemcpyAsync");
 }
 
 void PeerCopier::close(uint32_t slot) {
-  cuda_check(cudaEventRecord(s_->events[slot], s_->streams[slot % s_->streams.size()]),
-             "cudaEventRecord");
+  cuda_check(cudaEventRecord(s_->events[slot], s_->stream_of[slot]), "cudaEventRecord");
 }
 
 bool PeerCopier::done(uint32_t slot) {
@@ -185,6 +190,9 @@ PeerCopier::PeerCopier(int, const std::vector<uint8_t>&, size_t) {
   no_cuda();
 }
 PeerCopier::~PeerCopier() = default;
+void PeerCopier::begin(uint32_t, uint64_t) {
+  no_cuda();
+}
 void PeerCopier::copy(uint32_t, uint64_t, const uint8_t*, uint64_t) {
   no_cuda();
 }

@@ -51,8 +51,9 @@ class Region {
 };
 
 // The nvlink provider's baseline: the peer's region opened from its IPC
-// handle; every write one cudaMemcpyAsync on the stream of its window slot,
-// a request done when the event recorded after its copies has completed.
+// handle; every write one cudaMemcpyAsync, requests dealt round robin over a
+// few streams, a request done when the event recorded after its copies has
+// completed.
 class PeerCopier {
  public:
   PeerCopier(int gpu, const std::vector<uint8_t>& peer_handle, size_t slots);
@@ -60,6 +61,7 @@ class PeerCopier {
   PeerCopier(const PeerCopier&) = delete;
   PeerCopier& operator=(const PeerCopier&) = delete;
 
+  void begin(uint32_t slot, uint64_t req);  // request `req` takes window slot `slot`
   void copy(uint32_t slot, uint64_t dst_off, const uint8_t* src, uint64_t len);
   void close(uint32_t slot);  // after the slot's last copy
   bool done(uint32_t slot);   // throws on a CUDA error

@@ -574,6 +574,7 @@ class CopyClient {
     PeerCopier copier(o_.gpu_of(false), peer_handle_, dc.window);
     std::vector<char> busy(dc.window, 0);
     auto admit = [&](uint64_t r, uint32_t slot) {
+      copier.begin(slot, r);
       for (uint32_t k = 0; k < l.writes_per_req; ++k) {
         WriteSpec w = l.write(r, k);
         copier.copy(slot, w.dst, region_.data() + w.src, w.len);
@@ -1162,14 +1163,36 @@ int client(int fd, Options& o, const std::vector<Point>& points) {
 // Exit code of a run that cannot happen here (CTest's SKIP_RETURN_CODE).
 constexpr int kSkipped = 77;
 
-// GPUs visible, asked in a child: CUDA does not survive the fork that follows.
-int visible_gpus() {
+// Whether --gpu can run here: both GPUs visible and, for a libfabric
+// provider, GPU memory registers (a libfabric built without CUDA refuses it).
+// Asked in a child, which says why not: CUDA does not survive the fork that
+// follows.
+bool gpus_usable(const Options& o) {
   std::fflush(nullptr);
   pid_t pid = ::fork();
-  if (pid == 0) ::_exit(std::min(gpu_count(), 127));
+  if (pid == 0) {
+    int rc = 0;
+    try {
+      const int have = gpu_count();
+      if (std::max(o.gpu[0], o.gpu[1]) >= have) {
+        std::fprintf(stderr, "ferry-bench: skipped: --gpu %d,%d but %d GPUs visible\n", o.gpu[0],
+                     o.gpu[1], have);
+        rc = 1;
+      } else if (!o.nvlink()) {
+        Region r(1 << 20, o.gpu[0]);
+        RawFabric rf(o.provider, {o.nic_names[0]}, true);
+        rf.register_region(r.data(), r.size(), true, o.gpu[0]);
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ferry-bench: skipped: %s cannot register GPU memory here: %s\n",
+                   o.provider.c_str(), e.what());
+      rc = 1;
+    }
+    std::fflush(nullptr);
+    ::_exit(rc);
+  }
   int st = 0;
-  if (pid < 0 || ::waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 0;
-  return WEXITSTATUS(st);
+  return pid > 0 && ::waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
 }  // namespace
@@ -1270,12 +1293,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "ferry-bench: skipped: built without CUDA, --gpu is unavailable\n");
       return kSkipped;
     }
-    const int have = visible_gpus();
-    if (std::max(o.gpu[0], o.gpu[1]) >= have) {
-      std::fprintf(stderr, "ferry-bench: skipped: --gpu %d,%d but %d GPUs visible\n", o.gpu[0],
-                   o.gpu[1], have);
-      return kSkipped;
-    }
+    if (!gpus_usable(o)) return kSkipped;
   }
   auto points = make_points(o);
   if (points.empty()) {
