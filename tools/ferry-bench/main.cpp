@@ -932,9 +932,9 @@ void write_json(const std::string& path, const Options& o, const std::vector<Poi
       "\"kernel\": {}, \"date\": {}, "
       "\"total_seconds\": {}, "
       "\"loadavg_start\": {}, \"loadavg_end\": {}",
-      json_str(o.command_line), json_str(FERRY_BENCH_BUILD_COMMIT),
-      json_str(o.provider), o.nic_names.size(), o.window, json_str(o.poll), o.seconds, o.iters,
-      o.repeat, o.verify ? "true" : "false", o.no_raw ? "false" : "true", json_str(o.baseline()),
+      json_str(o.command_line), json_str(FERRY_BENCH_BUILD_COMMIT), json_str(o.provider),
+      o.nic_names.size(), o.window, json_str(o.poll), o.seconds, o.iters, o.repeat,
+      o.verify ? "true" : "false", o.no_raw ? "false" : "true", json_str(o.baseline()),
       o.gpu.empty() ? std::string("null") : fmt::format("[{}, {}]", o.gpu[0], o.gpu[1]),
       sysconf(_SC_NPROCESSORS_ONLN), json_str(model),
       json_str(std::string(u.sysname) + " " + u.release),
