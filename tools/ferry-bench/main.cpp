@@ -88,6 +88,7 @@ struct Options {
   uint64_t max_inflight_mib = 256;
   uint32_t targets = 8;
   uint64_t msg_size = 64;
+  std::vector<uint32_t> page_counts;  // empty = 100 and 10 000 (100 with --quick)
   std::string command_line;
   std::string load_start;  // other users' load matters on a shared machine: recorded
 
@@ -851,8 +852,9 @@ std::vector<Point> make_points(const Options& o) {
     std::vector<uint64_t> pages =
         o.quick ? std::vector<uint64_t>{4 << 10, 64 << 10}
                 : std::vector<uint64_t>{1 << 10, 4 << 10, 16 << 10, 32 << 10, 64 << 10};
-    std::vector<uint32_t> counts =
-        o.quick ? std::vector<uint32_t>{100} : std::vector<uint32_t>{100, 10000};
+    std::vector<uint32_t> counts = !o.page_counts.empty() ? o.page_counts
+                                   : o.quick              ? std::vector<uint32_t>{100}
+                                                          : std::vector<uint32_t>{100, 10000};
     for (uint32_t c : counts)
       for (uint64_t pg : pages) v.push_back({Kind::kPaged, pg, c, true});
   }
@@ -1270,6 +1272,10 @@ int main(int argc, char** argv) {
   app.add_option("--targets", o.targets, "scatter and barrier: descriptors (regions) of the peer")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
+  app.add_option("--page-counts", o.page_counts,
+                 "paged: pages per request, comma-separated (default 100,10000; 100 with --quick)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--msg-size", o.msg_size, "send/recv ping-pong message bytes")
       ->check(CLI::Range(8, 64 << 10))
       ->capture_default_str();
