@@ -561,8 +561,9 @@ void serve_copies(Region& reg, const Options& o, int fd, const Point& p, uint64_
   send_msg(fd, MsgType::kReply, Writer().put(uint64_t(0)).str(verify));
 }
 
-// The client half: every write of a request one cudaMemcpyAsync on the
-// stream of its slot, as NIXL's and Mooncake's NVLink paths copy descriptors.
+// The client half: every write of a request one cudaMemcpyAsync (requests
+// round robin over PeerCopier's streams), as NIXL's and Mooncake's NVLink
+// paths copy descriptor by descriptor.
 class CopyClient {
  public:
   CopyClient(Region& region, std::vector<uint8_t> peer_handle, const Options& o)
