@@ -3,6 +3,8 @@
 // each (docs/NVLINK.md, BASELINES.md: 24 GB/s vs 360 GB/s at 64 KiB).
 #include "nvlink/nvlink_kernels.h"
 
+#include "nvlink/copy_words.cuh"
+
 namespace ferry::nvlink {
 
 namespace {
@@ -19,20 +21,8 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const CopyOp* ops) {
   char* dst = reinterpret_cast<char*>(op.dst);
   const uint64_t len = op.len;
   if (((op.src | op.dst | len) & 15) == 0) {
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    const uint64_t n = len / 16;
-    uint64_t i = threadIdx.x;
-    // Several loads in flight per thread before the stores: NVLink latency is
-    // hidden by parallelism, not by the single-thread pipeline.
-    for (; i + (kUnroll - 1) * kThreads < n; i += kUnroll * kThreads) {
-      uint4 v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = s[i + u * kThreads];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) d[i + u * kThreads] = v[u];
-    }
-    for (; i < n; i += kThreads) d[i] = s[i];
+    copy_words<kUnroll, kThreads>(reinterpret_cast<const uint4*>(src),
+                                  reinterpret_cast<uint4*>(dst), len / 16, threadIdx.x);
   } else {
     // Unaligned pages (offsets or lengths not multiples of 16): correct, slower.
     for (uint64_t i = threadIdx.x; i < len; i += kThreads) dst[i] = src[i];

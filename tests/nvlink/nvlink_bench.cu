@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <numeric>
 #include <random>
 #include <thread>
 
@@ -99,14 +98,9 @@ int writer(test::Channel& link, test::Channel& parent) {
     const int iters = page >= (64 << 10) ? 40 : 400;
     std::vector<Pages> sps, dps;
     for (int i = 0; i < kLists; ++i) {
-      std::vector<uint32_t> all(slots);
-      std::iota(all.begin(), all.end(), 0);
-      std::shuffle(all.begin(), all.end(), rng);
       Pages sp, dp;
       sp.stride = dp.stride = page;
-      dp.indices.assign(all.begin(), all.begin() + 1024);
-      std::shuffle(all.begin(), all.end(), rng);
-      sp.indices.assign(all.begin(), all.begin() + 1024);
+      nvtest::random_pages(rng, slots, 1024, sp.indices, dp.indices);
       sps.push_back(sp);
       dps.push_back(dp);
     }

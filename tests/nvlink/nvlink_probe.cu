@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -45,18 +44,8 @@ __global__ void __launch_bounds__(256) k_block(const CopyOp* ops) {
   __shared__ CopyOp op;
   if (threadIdx.x == 0) op = ops[blockIdx.x];
   __syncthreads();
-  const uint4* s = reinterpret_cast<const uint4*>(op.src);
-  uint4* d = reinterpret_cast<uint4*>(op.dst);
-  const uint64_t n = op.len / 16;
-  uint64_t i = threadIdx.x;
-  for (; i + 3 * 256 < n; i += 4 * 256) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = s[i + u * 256];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) d[i + u * 256] = v[u];
-  }
-  for (; i < n; i += 256) d[i] = s[i];
+  ferry::nvlink::copy_words<4, 256>(reinterpret_cast<const uint4*>(op.src),
+                                    reinterpret_cast<uint4*>(op.dst), op.len / 16, threadIdx.x);
 }
 
 // One op by value (no read of an op list), then a flag in mapped host memory
@@ -90,16 +79,6 @@ double gbs(uint64_t bytes, Clock::duration d) {
   return double(bytes) / std::chrono::duration<double>(d).count() / 1e9;
 }
 
-void make_pages(std::mt19937_64& rng, uint32_t slots, uint32_t n, std::vector<uint32_t>& sidx,
-                std::vector<uint32_t>& didx) {
-  std::vector<uint32_t> all(slots);
-  std::iota(all.begin(), all.end(), 0);
-  std::shuffle(all.begin(), all.end(), rng);
-  didx.assign(all.begin(), all.begin() + n);
-  std::shuffle(all.begin(), all.end(), rng);
-  sidx.assign(all.begin(), all.begin() + n);
-}
-
 void throughput(const Bufs& b) {
   constexpr uint32_t kPages = 1024;
   constexpr int kIters = 100, kBatches = 32;
@@ -117,7 +96,7 @@ void throughput(const Bufs& b) {
     CK(cudaMalloc(&dops, sizeof(CopyOp) * nops * kBatches));
     for (int k = 0; k < kBatches; ++k) {
       std::vector<uint32_t> s, d;
-      make_pages(rng, slots, kPages, s, d);
+      ferry::nvtest::random_pages(rng, slots, kPages, s, d);
       uint32_t j = 0;
       for (uint32_t p = 0; p < kPages; ++p)
         for (uint64_t o = 0; o < page; o += ferry::nvlink::kMaxOpBytes)
