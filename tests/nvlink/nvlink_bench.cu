@@ -25,13 +25,6 @@ double secs(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
-bool wait_count(std::atomic<uint64_t>& done, uint64_t n) {
-  auto give_up = Clock::now() + 60s;
-  while (done.load(std::memory_order_acquire) < n)
-    if (Clock::now() > give_up) return false;
-  return true;
-}
-
 bool g_busy = true;  // --adaptive: both engines poll adaptively (the default)
 
 int writer(test::Channel& link, test::Channel& parent) {
@@ -65,12 +58,12 @@ int writer(test::Channel& link, test::Channel& parent) {
     // ferry: back-to-back single writes, done = data in place (event completed).
     done = 0;
     e.submit_single_write(len, std::nullopt, sh, 0, dst, 0, OnDone::counter(done, &errors));
-    wait_count(done, 1);
+    nvtest::wait_count(done, 1);
     done = 0;
     t0 = Clock::now();
     for (int i = 0; i < iters; ++i)
       e.submit_single_write(len, 7, sh, 0, dst, 0, OnDone::counter(done, &errors));
-    wait_count(done, iters);
+    nvtest::wait_count(done, iters);
     const double ferry = double(len) * iters / secs(Clock::now() - t0) / 1e9;
     char line[256];
     std::snprintf(line, sizeof line,
@@ -129,7 +122,7 @@ int writer(test::Channel& link, test::Channel& parent) {
     std::sort(base.begin(), base.end());
     done = 0;
     e.submit_paged_writes(page, 9, sh, sps[0], dst, dps[0], OnDone::counter(done, &errors));
-    wait_count(done, 1);
+    nvtest::wait_count(done, 1);
     std::vector<double> runs, submit_us;
     for (int r = 0; r < kReps; ++r) {
       done = 0;
@@ -138,7 +131,7 @@ int writer(test::Channel& link, test::Channel& parent) {
         e.submit_paged_writes(page, 9, sh, sps[i % kLists], dst, dps[i % kLists],
                               OnDone::counter(done, &errors));
       const double sub = secs(Clock::now() - t0) * 1e6 / iters;
-      wait_count(done, iters);
+      nvtest::wait_count(done, iters);
       runs.push_back(double(page) * 1024 * iters / secs(Clock::now() - t0) / 1e9);
       submit_us.push_back(sub);
     }

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -94,6 +95,14 @@ inline std::pair<int, int> run_pair(
   const int ra = a.wait(timeout);
   const int rb = b.wait(60s);
   return {ra, rb};
+}
+
+// Spins until `done` reaches n (a counter's OnDone); false after 60 s.
+inline bool wait_count(std::atomic<uint64_t>& done, uint64_t n) {
+  const auto give_up = std::chrono::steady_clock::now() + 60s;
+  while (done.load(std::memory_order_acquire) < n)
+    if (std::chrono::steady_clock::now() > give_up) return false;
+  return true;
 }
 
 struct Seg {

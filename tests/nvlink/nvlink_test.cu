@@ -172,10 +172,7 @@ int writer_main(const std::string& provider, int dev, test::Channel& link, test:
         segs.push_back({doff, len, seed, so});
         expect += ImmPlan::single_write(len, WriteRoute{}, 1);
       }
-      const auto give_up = std::chrono::steady_clock::now() + 60s;
-      while (n_done.load() < k && std::chrono::steady_clock::now() < give_up) {
-      }
-      failed = n_done.load() < k || n_failed.load() != 0;
+      failed = !nvtest::wait_count(n_done, k) || n_failed.load() != 0;
       done = true;
       what = std::to_string(k) + " single writes";
     } else if (kind == 1) {
