@@ -6,15 +6,11 @@
 //     the way Worker::fill_writes does (copied minimally: fill_writes is a
 //     private member of the worker).
 //  2. The whole path through the public API -- validation, command queue,
-//     worker, sharding, fill_writes, post, completion, OnDone -- on a fake
-//     core::Domain that accepts every post and completes it at the next poll.
-//     The fake is injected at link time: this file defines
-//     ferry::core::open_domain, so the linker never pulls domain_factory.o out
-//     of the static libferry.a. No source under src/ is changed; the seam
-//     needs ferry to be a static library (the default build).
+//     worker, sharding, fill_writes, post, completion, OnDone -- on the fake
+//     NIC of src/testing (provider "fake") in its discard mode: it accepts
+//     every post and completes it at the next poll without touching memory.
 #include <benchmark/benchmark.h>
 #include <dirent.h>
-#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,97 +32,7 @@
 
 namespace {
 
-using ferry::core::Completion;
-using ferry::core::PeerId;
-using ferry::core::PostResult;
 using ferry::core::WriteDesc;
-
-// ------------------------------------------------------------- fake domain
-
-class FakeMr : public ferry::core::DomainMr {};
-
-class FakeDomain final : public ferry::core::Domain {
- public:
-  explicit FakeDomain(const ferry::core::DomainOptions& o) {
-    static std::atomic<uint64_t> next{1};
-    uint64_t id = next.fetch_add(1);
-    address_.resize(16);
-    std::memcpy(address_.data(), &id, 8);
-    info_.name = o.nic_name.empty() ? "fake" : o.nic_name;
-    info_.provider = "fake";
-    info_.fabric = "fake";
-    info_.max_msg_size = 1ull << 30;
-    info_.transport = ferry::Transport::kFabric;
-    efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    done_.reserve(1 << 16);
-  }
-  ~FakeDomain() override { ::close(efd_); }
-
-  const ferry::core::DomainInfo& info() const override { return info_; }
-  std::span<const uint8_t> raw_address() const override { return address_; }
-  std::unique_ptr<ferry::core::DomainMr> register_mr(void*, size_t, ferry::Device, bool,
-                                                     ferry::Status* e) override {
-    auto mr = std::make_unique<FakeMr>();
-    mr->rkey = ++keys_;
-    if (e) *e = ferry::Status::ok();
-    return mr;
-  }
-  PeerId add_peer(std::span<const uint8_t>, ferry::Status* e) override {
-    if (e) *e = ferry::Status::ok();
-    return 1;
-  }
-  void remove_peer(PeerId) override {}
-  PostResult post_writes(std::span<const WriteDesc> writes) override {
-    // Touch what a NIC driver would read so the fill cannot be optimised away.
-    for (const auto& w : writes) {
-      sink_ += w.remote_addr + w.len + w.rkey;
-      done_.push_back(w.ctx);
-    }
-    return {writes.size(), {}};
-  }
-  PostResult post_send(PeerId, const void*, size_t, void*, uint64_t ctx) override {
-    done_.push_back(ctx | (uint64_t(1) << 63));
-    return {1, {}};
-  }
-  PostResult post_recv(void*, size_t, void*, uint64_t) override { return {1, {}}; }
-  size_t poll(std::span<Completion> out) override {
-    size_t n = std::min(out.size(), done_.size() - head_);
-    for (size_t i = 0; i < n; ++i) {
-      uint64_t c = done_[head_ + i];
-      out[i].kind = (c >> 63) ? Completion::Kind::kSend : Completion::Kind::kWrite;
-      out[i].ctx = c & ~(uint64_t(1) << 63);
-      out[i].len = 0;
-      out[i].status = ferry::Status::ok();
-    }
-    head_ += n;
-    if (head_ == done_.size()) head_ = 0, done_.clear();
-    return n;
-  }
-  // Lets an idle worker block instead of spinning between benchmark batches.
-  int wait_fd() override { return efd_; }
-  bool can_block() override { return head_ == done_.size(); }
-
- private:
-  ferry::core::DomainInfo info_;
-  std::vector<uint8_t> address_;
-  std::vector<uint64_t> done_;
-  size_t head_ = 0;
-  uint64_t keys_ = 0;
-  uint64_t sink_ = 0;
-  int efd_ = -1;
-};
-
-}  // namespace
-
-namespace ferry::core {
-// Replaces src/core/domain_factory.cpp's definition in this executable.
-std::unique_ptr<Domain> open_domain(const DomainOptions& options, Status* error) {
-  if (error) *error = Status::ok();
-  return std::make_unique<FakeDomain>(options);
-}
-}  // namespace ferry::core
-
-namespace {
 
 // ------------------------------------------------------------- level 1
 
@@ -244,7 +150,7 @@ struct Rig {
     setenv("FERRY_LOG", "warn", 0);  // one engine per benchmark run: keep the output a table
     ferry::EngineConfig c;
     c.provider = "fake";
-    c.groups[0].nic_names.assign(size_t(nics), "fake");
+    c.groups[0].nic_names.assign(size_t(nics), "discard");
     engine = std::make_unique<ferry::TransferEngine>(c);
     // Pages are spread over 2x their count of slots (make_pages): 10 000 pages
     // of 4 KiB + 128 B fit in 96 MiB.

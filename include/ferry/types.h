@@ -34,7 +34,7 @@ struct Device {
 
 // Transport family of one NIC endpoint; part of every address so that an
 // address of one family is never handed to a domain of another.
-enum class Transport : uint8_t { kFabric = 1, kVerbs = 2, kNvlink = 3 };
+enum class Transport : uint8_t { kFabric = 1, kVerbs = 2, kNvlink = 3, kFake = 4 };  // kFake: src/testing
 
 // The address of one NIC endpoint of one engine incarnation. Opaque bytes:
 //   u8 version | u8 transport | u64 incarnation (LE) | u16 raw length (LE) | raw

@@ -1071,6 +1071,8 @@ NB_MODULE(_ferry, m) {
                 return "verbs";
               case Transport::kNvlink:
                 return "nvlink";
+              case Transport::kFake:
+                return "fake";
             }
             return "?";
           },

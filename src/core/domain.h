@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ferry/status.h"
@@ -189,6 +191,20 @@ struct DomainOptions {
   int gid_index = -1;
   // Non-empty: wrap the domain in the fault injector (src/testing/fault_domain.h).
   std::string fault_injection;
+};
+
+// Opens one NIC; sets *error and returns null when it cannot. The engine hands
+// its workers one of these, so the core never names a transport.
+using DomainOpener = std::function<std::unique_ptr<Domain>(const DomainOptions&, Status*)>;
+
+// A NIC family as each transport folder declares it and the engine's registry
+// (src/engine/domain_families.h) lists it.
+struct DomainFamily {
+  std::string_view name;  // "verbs", "nvlink", "fabric", "fake"
+  // Whether EngineConfig::provider names this family. libfabric serves every
+  // provider string no other family claims ("efa", "tcp;ofi_rxm", "shm").
+  bool (*serves)(std::string_view provider) = nullptr;
+  std::unique_ptr<Domain> (*open)(const DomainOptions& options, Status* error) = nullptr;
 };
 
 }  // namespace ferry::core

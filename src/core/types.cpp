@@ -73,7 +73,7 @@ NetAddr NetAddr::from_bytes(std::span<const uint8_t> bytes) {
         Code::kInvalidArgument,
         fmt::format("NetAddr: unsupported version {} (this build reads {})", version, kVersion));
   auto t = r.get<uint8_t>();
-  if (t < uint8_t(Transport::kFabric) || t > uint8_t(Transport::kNvlink))
+  if (t < uint8_t(Transport::kFabric) || t > uint8_t(Transport::kFake))
     throw Error(Code::kInvalidArgument, fmt::format("NetAddr: unknown transport {}", t));
   auto inc = r.get<uint64_t>();
   auto n = r.get<uint16_t>();
@@ -112,10 +112,10 @@ std::span<const uint8_t> NetAddr::raw() const {
 
 std::string NetAddr::brief() const {
   if (empty()) return "<empty address>";
-  static constexpr const char* kNames[] = {"?", "fabric", "verbs", "nvlink"};
+  static constexpr const char* kNames[] = {"?", "fabric", "verbs", "nvlink", "fake"};
   auto t = static_cast<unsigned>(transport());
   auto raw_hex = core::to_hex(raw().first(std::min<size_t>(raw().size(), 6)));
-  return fmt::format("{}:{}…(inc {:08x})", t < 4 ? kNames[t] : "?", raw_hex,
+  return fmt::format("{}:{}…(inc {:08x})", t < 5 ? kNames[t] : "?", raw_hex,
                      uint32_t(incarnation()));
 }
 

@@ -12,7 +12,6 @@
 
 #include "core/callback_thread.h"
 #include "core/ctx.h"
-#include "core/domain_factory.h"
 #include "core/imm_table.h"
 #include "core/log.h"
 
@@ -168,7 +167,7 @@ Status Worker::open_nics() {
     opt.gid_index = cfg.verbs_gid_index;
     opt.fault_injection = cfg.fault_injection;
     Status err;
-    auto d = open_domain(opt, &err);
+    auto d = shared_->open_domain(opt, &err);
     if (!d) {
       if (err.is_ok()) err = Status(Code::kUnavailable, "cannot open NIC");
       return Status(err.code(), fmt::format("group {} NIC {} ('{}', provider '{}'): {}", index_, i,

@@ -135,6 +135,8 @@ struct EngineShared {
   BufferPool* send_pool = nullptr;
   // Fixed size, never resized; a slot is filled before its buffers are posted.
   std::vector<std::unique_ptr<RecvPool>>* recv_pools = nullptr;
+  // Opens the NICs: the engine decides which family serves the provider.
+  DomainOpener open_domain;
 };
 
 class Worker {

@@ -24,4 +24,7 @@ std::vector<FabricNicInfo> list_fabric_nics(const std::string& provider);
 // Opens one NIC. Never falls back to another provider: failure is returned.
 std::unique_ptr<core::Domain> open_fabric_domain(const core::DomainOptions& options, Status* error);
 
+// This family for the engine's registry (fabric_family.cpp).
+const core::DomainFamily& fabric_family();
+
 }  // namespace ferry::fabric

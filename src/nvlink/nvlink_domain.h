@@ -37,4 +37,7 @@ bool local_boot_id(std::array<uint8_t, 16>* out);
 // Builds without CUDA return nullptr with kUnimplemented.
 std::unique_ptr<core::Domain> open_nvlink_domain(const core::DomainOptions& options, Status* error);
 
+// This family for the engine's registry (nvlink_family.cpp).
+const core::DomainFamily& nvlink_family();
+
 }  // namespace ferry::nvlink

@@ -257,9 +257,9 @@ std::string strip_enum_number(std::string_view text) {
   return std::string(text);
 }
 
-core::RdmaDevice read_rdma_device(const std::string& root, const std::string& dev) {
+RdmaDevice read_rdma_device(const std::string& root, const std::string& dev) {
   namespace fs = std::filesystem;
-  core::RdmaDevice d;
+  RdmaDevice d;
   d.name = dev;
   const fs::path dir = fs::path(root) / dev;
   d.node_type = strip_enum_number(read_line(dir / "node_type").value_or(""));
@@ -272,14 +272,14 @@ core::RdmaDevice read_rdma_device(const std::string& root, const std::string& de
     char* end = nullptr;
     const long n = std::strtol(name.c_str(), &end, 10);
     if (end == name.c_str() || *end != '\0' || n < 1 || n > 255) continue;
-    core::RdmaPort p;
+    RdmaPort p;
     p.number = static_cast<int>(n);
     p.state = strip_enum_number(read_line(e.path() / "state").value_or(""));
     p.link_layer = read_line(e.path() / "link_layer").value_or("");
     d.ports.push_back(std::move(p));
   }
   std::sort(d.ports.begin(), d.ports.end(),
-            [](const core::RdmaPort& a, const core::RdmaPort& b) { return a.number < b.number; });
+            [](const RdmaPort& a, const RdmaPort& b) { return a.number < b.number; });
   return d;
 }
 
@@ -298,15 +298,15 @@ std::vector<std::string> ibv_device_names(std::string* note) {
   return out;
 }
 
-std::vector<core::RdmaDevice> describe_rdma_devices(const std::string& root,
+std::vector<RdmaDevice> describe_rdma_devices(const std::string& root,
                                                     const std::vector<std::string>& names) {
-  std::vector<core::RdmaDevice> out;
+  std::vector<RdmaDevice> out;
   out.reserve(names.size());
   for (const auto& n : names) out.push_back(read_rdma_device(root, n));
   return out;
 }
 
-std::vector<core::RdmaDevice> probe_verbs_devices(const std::string& sysfs_root,
+std::vector<RdmaDevice> probe_verbs_devices(const std::string& sysfs_root,
                                                   std::string* note) {
   return describe_rdma_devices(sysfs_root, ibv_device_names(note));
 }

@@ -11,7 +11,8 @@
 #include <string_view>
 #include <vector>
 
-#include "core/provider_select.h"
+#include "ferry/status.h"
+#include "verbs/rdma_device.h"
 
 namespace ferry::verbs {
 
@@ -86,7 +87,7 @@ struct VerbsNicInfo {
 // Devices with an active port, in ibv_get_device_list order.
 std::vector<VerbsNicInfo> list_verbs_nics();
 
-// --- provider "auto" (core/provider_select.h)
+// --- provider "auto" (engine/provider_select.h)
 
 // "4: ACTIVE" -> "ACTIVE", "1: CA" -> "CA" (sysfs prefixes enum values with
 // their number); text without a prefix is returned as is.
@@ -94,12 +95,12 @@ std::string strip_enum_number(std::string_view text);
 // Reads <root>/<dev>/{node_type,device/driver,device/vendor} and every
 // ports/<n>/{state,link_layer}; ports sorted by number. Missing files leave
 // fields empty (soft-RoCE has no device/driver).
-core::RdmaDevice read_rdma_device(const std::string& root, const std::string& dev);
+RdmaDevice read_rdma_device(const std::string& root, const std::string& dev);
 // Device names libibverbs lists (ibv_get_device_list; no device is opened).
 // *note says why the list is empty.
 std::vector<std::string> ibv_device_names(std::string* note);
 // The devices named, described from the sysfs tree at root.
-std::vector<core::RdmaDevice> describe_rdma_devices(const std::string& root,
+std::vector<RdmaDevice> describe_rdma_devices(const std::string& root,
                                                     const std::vector<std::string>& names);
 
 }  // namespace ferry::verbs

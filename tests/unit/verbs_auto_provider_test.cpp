@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/provider_select.h"
+#include "engine/provider_select.h"
 #include "ferry/engine.h"
 #include "verbs/verbs_devinfo.h"
 
@@ -17,10 +17,10 @@ namespace ferry::verbs {
 namespace {
 
 namespace fs = std::filesystem;
-using core::ProviderChoice;
-using core::ProviderProbe;
-using core::RdmaDevice;
-using core::RdmaPort;
+using engine::ProviderChoice;
+using engine::ProviderProbe;
+using verbs::RdmaDevice;
+using verbs::RdmaPort;
 
 RdmaDevice connectx(const std::string& name, std::vector<RdmaPort> ports) {
   return {name, "mlx5_core", "0x15b3", "CA", std::move(ports)};
@@ -33,7 +33,7 @@ TEST(VerbsAutoProvider, ConnectXWithActivePortSelectsVerbs) {
   ProviderProbe p;
   p.verbs_devices = {connectx("mlx5_0", {{1, "ACTIVE", "Ethernet"}})};
   p.efa = true;  // even with efa present: a ConnectX port wins
-  const ProviderChoice c = core::choose_provider(p);
+  const ProviderChoice c = engine::choose_provider(p);
   ASSERT_TRUE(c.error.is_ok()) << c.error.message();
   EXPECT_EQ(c.provider, "verbs");
   EXPECT_EQ(c.reason, "mlx5_0 port 1 ACTIVE, Ethernet (RoCE), driver mlx5_core");
@@ -44,7 +44,7 @@ TEST(VerbsAutoProvider, FirstActivePortOfTheFirstQualifyingDevice) {
   p.verbs_devices = {efa_dev("rdmap16s27"),
                      connectx("mlx5_0", {{1, "DOWN", "InfiniBand"}, {2, "ACTIVE", "InfiniBand"}}),
                      connectx("mlx5_1", {{1, "ACTIVE", "InfiniBand"}})};
-  const ProviderChoice c = core::choose_provider(p);
+  const ProviderChoice c = engine::choose_provider(p);
   EXPECT_EQ(c.provider, "verbs");
   EXPECT_EQ(c.reason, "mlx5_0 port 2 ACTIVE, InfiniBand, driver mlx5_core");
 }
@@ -55,7 +55,7 @@ TEST(VerbsAutoProvider, OnlyEfaIbverbsDevicesSelectEfa) {
   p.verbs_devices = {efa_dev("rdmap16s27"), efa_dev("rdmap32s27")};
   p.efa = true;
   p.efa_note = "fi_getinfo(efa): 2 domains (rdmap16s27-rdm, ...)";
-  const ProviderChoice c = core::choose_provider(p);
+  const ProviderChoice c = engine::choose_provider(p);
   ASSERT_TRUE(c.error.is_ok()) << c.error.message();
   EXPECT_EQ(c.provider, "efa");
   EXPECT_NE(c.reason.find("fi_getinfo(efa): 2 domains"), std::string::npos) << c.reason;
@@ -63,8 +63,8 @@ TEST(VerbsAutoProvider, OnlyEfaIbverbsDevicesSelectEfa) {
   // Recognised by the Amazon PCI vendor alone too (driver link unreadable).
   RdmaDevice d = efa_dev("rdmap16s27");
   d.driver.clear();
-  EXPECT_TRUE(core::is_efa_device(d));
-  EXPECT_FALSE(core::choose_verbs({d}));
+  EXPECT_TRUE(verbs::is_efa_device(d));
+  EXPECT_FALSE(engine::choose_verbs({d}));
 }
 
 TEST(VerbsAutoProvider, EfaOnlyIbverbsWithoutLibfabricEfaIsAnError) {
@@ -72,7 +72,7 @@ TEST(VerbsAutoProvider, EfaOnlyIbverbsWithoutLibfabricEfaIsAnError) {
   p.verbs_devices = {efa_dev("rdmap16s27")};
   p.efa = false;
   p.efa_note = "fi_getinfo(efa): no domain";
-  const ProviderChoice c = core::choose_provider(p);
+  const ProviderChoice c = engine::choose_provider(p);
   EXPECT_EQ(c.error.code(), Code::kUnavailable);
   EXPECT_TRUE(c.provider.empty());
 }
@@ -82,7 +82,7 @@ TEST(VerbsAutoProvider, NothingFoundIsUnavailableListingWhatWasProbed) {
   p.verbs_note = "ibv_get_device_list returned 0 devices";
   p.efa = false;
   p.efa_note = "fi_getinfo(efa): no domain";
-  const ProviderChoice c = core::choose_provider(p);
+  const ProviderChoice c = engine::choose_provider(p);
   EXPECT_EQ(c.error.code(), Code::kUnavailable);
   const std::string& m = c.error.message();
   EXPECT_NE(m.find("provider auto"), std::string::npos) << m;
@@ -98,9 +98,9 @@ TEST(VerbsAutoProvider, ConnectXWithEveryPortDownIsNotVerbs) {
       connectx("mlx5_1", {{1, "INIT", "InfiniBand"}}),
       connectx("mlx5_2", {}),
   };
-  EXPECT_FALSE(core::choose_verbs(p.verbs_devices));
+  EXPECT_FALSE(engine::choose_verbs(p.verbs_devices));
   p.efa = false;
-  const ProviderChoice c = core::choose_provider(p);
+  const ProviderChoice c = engine::choose_provider(p);
   EXPECT_EQ(c.error.code(), Code::kUnavailable);
   const std::string& m = c.error.message();
   EXPECT_NE(m.find("mlx5_0: no ACTIVE port (port 1 DOWN, port 2 DOWN)"), std::string::npos) << m;
@@ -108,12 +108,12 @@ TEST(VerbsAutoProvider, ConnectXWithEveryPortDownIsNotVerbs) {
   EXPECT_NE(m.find("mlx5_2: no ports"), std::string::npos) << m;
   // ... and with libfabric efa present, efa is chosen instead.
   p.efa = true;
-  EXPECT_EQ(core::choose_provider(p).provider, "efa");
+  EXPECT_EQ(engine::choose_provider(p).provider, "efa");
 }
 
 TEST(VerbsAutoProvider, EfaIsProbedOnlyWhenNoVerbsDeviceQualifies) {
   int efa_calls = 0;
-  core::ProviderProbes probes;
+  engine::ProviderProbes probes;
   probes.verbs = [](std::string*) {
     return std::vector<RdmaDevice>{connectx("mlx5_0", {{1, "ACTIVE", "Ethernet"}})};
   };
@@ -122,13 +122,13 @@ TEST(VerbsAutoProvider, EfaIsProbedOnlyWhenNoVerbsDeviceQualifies) {
     *note = "fi_getinfo(efa): 1 domain";
     return true;
   };
-  EXPECT_EQ(core::resolve_provider(probes).provider, "verbs");
+  EXPECT_EQ(engine::resolve_provider(probes).provider, "verbs");
   EXPECT_EQ(efa_calls, 0);
   probes.verbs = [](std::string* note) {
     *note = "ibv_get_device_list returned 0 devices";
     return std::vector<RdmaDevice>{};
   };
-  const ProviderChoice c = core::resolve_provider(probes);
+  const ProviderChoice c = engine::resolve_provider(probes);
   EXPECT_EQ(c.provider, "efa");
   EXPECT_EQ(efa_calls, 1);
   EXPECT_NE(c.reason.find("ibv_get_device_list returned 0 devices"), std::string::npos) << c.reason;
@@ -145,11 +145,11 @@ const Status kEfaOpenFailed(Code::kUnavailable,
 ProviderChoice verbs_choice() {
   ProviderProbe p;
   p.verbs_devices = {connectx("mlx5_0", {{1, "ACTIVE", "Ethernet"}})};
-  return core::choose_provider(p);
+  return engine::choose_provider(p);
 }
 
 TEST(VerbsAutoProvider, VerbsThatFailsToOpenFallsBackToEfaWhenLibfabricHasIt) {
-  const ProviderChoice c = core::fallback_after_open_failure(
+  const ProviderChoice c = engine::fallback_after_open_failure(
       verbs_choice(), kVerbsOpenFailed, true, "fi_getinfo(efa): 1 domain (rdmap16s27-rdm)");
   ASSERT_TRUE(c.error.is_ok()) << c.error.message();
   EXPECT_EQ(c.provider, "efa");
@@ -164,7 +164,7 @@ TEST(VerbsAutoProvider, VerbsThatFailsToOpenWithoutEfaNamesBoth) {
                    "group 0 NIC 0 ('', provider 'verbs'): verbs NIC 'mlx5_0' port 1: GID index 9 "
                    "(EngineConfig::verbs_gid_index) names no populated GID entry");
   ProviderChoice c =
-      core::fallback_after_open_failure(verbs_choice(), gid, false, "fi_getinfo(efa): no domain");
+      engine::fallback_after_open_failure(verbs_choice(), gid, false, "fi_getinfo(efa): no domain");
   EXPECT_TRUE(c.provider.empty());
   EXPECT_EQ(c.error.code(), Code::kInvalidArgument);
   const std::string& m = c.error.message();
@@ -175,7 +175,7 @@ TEST(VerbsAutoProvider, VerbsThatFailsToOpenWithoutEfaNamesBoth) {
       << m;
   EXPECT_NE(m.find("no efa to fall back to: fi_getinfo(efa): no domain"), std::string::npos) << m;
   // No efa probe at all: said so, not left blank.
-  c = core::fallback_after_open_failure(verbs_choice(), kVerbsOpenFailed, std::nullopt, "");
+  c = engine::fallback_after_open_failure(verbs_choice(), kVerbsOpenFailed, std::nullopt, "");
   EXPECT_EQ(c.error.code(), Code::kUnavailable);
   EXPECT_NE(c.error.message().find("fi_getinfo(efa) not run"), std::string::npos)
       << c.error.message();
@@ -185,7 +185,7 @@ TEST(VerbsAutoProvider, OnlyVerbsFallsBack) {
   ProviderChoice efa;
   efa.provider = "efa";
   efa.reason = "fi_getinfo(efa): 1 domain";
-  const ProviderChoice c = core::fallback_after_open_failure(efa, kEfaOpenFailed, true, "");
+  const ProviderChoice c = engine::fallback_after_open_failure(efa, kEfaOpenFailed, true, "");
   EXPECT_TRUE(c.provider.empty());
   EXPECT_EQ(c.error.code(), kEfaOpenFailed.code());
   EXPECT_EQ(c.error.message(), kEfaOpenFailed.message());
@@ -197,11 +197,11 @@ struct AutoOpenRun {
   std::vector<std::string> opened;
   std::vector<std::string> warnings;
   int efa_probes = 0;
-  core::AutoOpen result;
+  engine::AutoOpen result;
 
   AutoOpenRun(const ProviderChoice& choice, std::optional<bool> efa, Status verbs_open,
               Status efa_open) {
-    core::ProviderProbes probes;
+    engine::ProviderProbes probes;
     probes.verbs = [](std::string*) -> std::vector<RdmaDevice> {
       ADD_FAILURE() << "the verbs probe ran again";
       return {};
@@ -213,7 +213,7 @@ struct AutoOpenRun {
         return has;
       };
     }
-    result = core::open_auto_provider(
+    result = engine::open_auto_provider(
         choice, probes,
         [&](const std::string& provider) {
           opened.push_back(provider);
@@ -290,7 +290,7 @@ TEST(VerbsAutoProvider, AutoOpenOfEfaHasNoFallback) {
   // A failed choice opens nothing.
   ProviderProbe none;
   none.efa = false;
-  const AutoOpenRun failed(core::choose_provider(none), true, Status(), Status());
+  const AutoOpenRun failed(engine::choose_provider(none), true, Status(), Status());
   EXPECT_TRUE(failed.opened.empty());
   EXPECT_EQ(failed.result.error.code(), Code::kUnavailable);
 }
@@ -351,7 +351,7 @@ TEST(VerbsAutoProvider, DescribesDevicesFromSysfs) {
   EXPECT_EQ(devs[0].driver, "efa");
   EXPECT_EQ(devs[0].vendor, "0x1d0f");
   EXPECT_EQ(devs[0].node_type, "unspecified");
-  EXPECT_TRUE(core::is_efa_device(devs[0]));
+  EXPECT_TRUE(verbs::is_efa_device(devs[0]));
   ASSERT_EQ(devs[1].ports.size(), 2u);
   EXPECT_EQ(devs[1].ports[0].number, 1);
   EXPECT_EQ(devs[1].ports[1].number, 2);
@@ -362,22 +362,22 @@ TEST(VerbsAutoProvider, DescribesDevicesFromSysfs) {
   ASSERT_EQ(devs[2].ports.size(), 1u);
   EXPECT_TRUE(devs[2].ports[0].active());
   EXPECT_TRUE(devs[3].driver.empty());
-  EXPECT_FALSE(core::is_efa_device(devs[3]));
+  EXPECT_FALSE(verbs::is_efa_device(devs[3]));
   EXPECT_TRUE(devs[4].ports.empty());
 
   // In libibverbs order: EFA skipped, mlx5_1 down, mlx5_0 chosen.
   ProviderProbe p;
   p.verbs_devices = devs;
-  EXPECT_EQ(core::choose_provider(p).reason,
+  EXPECT_EQ(engine::choose_provider(p).reason,
             "mlx5_0 port 1 ACTIVE, Ethernet (RoCE), driver mlx5_core");
   // Only the EFA device and the downed ConnectX: not verbs.
   p.verbs_devices = describe_rdma_devices(root.string(), {"rdmap16s27", "mlx5_1"});
-  EXPECT_FALSE(core::choose_verbs(p.verbs_devices));
+  EXPECT_FALSE(engine::choose_verbs(p.verbs_devices));
   p.efa = true;
-  EXPECT_EQ(core::choose_provider(p).provider, "efa");
+  EXPECT_EQ(engine::choose_provider(p).provider, "efa");
   // Soft-RoCE is an RC-capable verbs device.
   p.verbs_devices = describe_rdma_devices(root.string(), {"rxe0"});
-  EXPECT_EQ(core::choose_provider(p).reason, "rxe0 port 1 ACTIVE, Ethernet (RoCE)");
+  EXPECT_EQ(engine::choose_provider(p).reason, "rxe0 port 1 ACTIVE, Ethernet (RoCE)");
   fs::remove_all(root);
 }
 
@@ -413,7 +413,7 @@ EngineConfig shm_groups() {
 }
 
 TEST(VerbsAutoProvider, EngineResolvesAutoOnThisHost) {
-  const ProviderChoice host = core::resolve_auto_provider();
+  const ProviderChoice host = engine::resolve_auto_provider();
   ScopedEnv env("FERRY_PROVIDER", nullptr);
   for (const char* provider : {"auto", ""}) {  // empty means auto
     EngineConfig c;

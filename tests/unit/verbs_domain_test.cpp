@@ -1,4 +1,4 @@
-// The verbs Domain through core::open_domain. Without an RDMA device (CI)
+// The verbs Domain through the engine's opener. Without an RDMA device (CI)
 // only the "no device" contract runs; on a host with one (ConnectX, or
 // soft-RoCE: `rdma link add rxe0 type rxe netdev eth0`) the loopback tests
 // exercise the real handshake, writes with immediates and send/recv.
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/domain.h"
-#include "core/domain_factory.h"
+#include "engine/domain_families.h"
 #include "verbs/verbs_devinfo.h"
 
 #include <infiniband/verbs.h>
@@ -26,7 +26,7 @@ bool have_device() {
 std::unique_ptr<core::Domain> open(Status* err) {
   core::DomainOptions o;
   o.provider = "verbs";
-  return core::open_domain(o, err);
+  return engine::domain_opener()(o, err);
 }
 
 TEST(VerbsDomain, NoDeviceIsUnavailable) {

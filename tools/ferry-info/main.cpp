@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/provider_select.h"
+#include "engine/provider_select.h"
 #include "ferry/status.h"
 #include "ferry/version.h"
 #include "topo/topology.h"
@@ -148,10 +148,10 @@ EngineView engine_view(const Topology& t, const std::vector<ProviderProbe>& prob
   EngineView v;
   v.probed = probed;
   const char* env = std::getenv("FERRY_PROVIDER");
-  v.default_provider = env && *env ? env : ferry::core::kAutoProvider;
+  v.default_provider = env && *env ? env : ferry::engine::kAutoProvider;
   v.default_source = env && *env ? "FERRY_PROVIDER" : "built-in default";
-  if (probed && v.default_provider == ferry::core::kAutoProvider) {
-    const ferry::core::ProviderChoice c = ferry::core::resolve_auto_provider();
+  if (probed && v.default_provider == ferry::engine::kAutoProvider) {
+    const ferry::engine::ProviderChoice c = ferry::engine::resolve_auto_provider();
     v.auto_provider = c.provider;
     v.auto_reason = c.error.is_ok() ? c.reason : c.error.message();
     v.default_available = c.error.is_ok();

@@ -1,13 +1,13 @@
-// The probes behind provider "auto" (core/provider_select.h). Separate from
+// The probes behind provider "auto" (engine/provider_select.h). Separate from
 // provider_select.cpp, which stays pure, and from domain_factory.cpp, which
 // tests and benchmarks replace with their own open_domain.
 #include <fmt/format.h>
 
-#include "core/provider_select.h"
+#include "engine/provider_select.h"
 #include "fabric/fabric_domain.h"
 #include "verbs/verbs_domain.h"
 
-namespace ferry::core {
+namespace ferry::engine {
 
 ProviderProbes host_provider_probes(const std::string& sysfs_root) {
   ProviderProbes probes;
@@ -29,4 +29,4 @@ ProviderChoice resolve_auto_provider(const std::string& sysfs_root) {
   return resolve_provider(host_provider_probes(sysfs_root));
 }
 
-}  // namespace ferry::core
+}  // namespace ferry::engine

@@ -3,7 +3,7 @@
 // libibverbs lists them, described from sysfs; whether libfabric reports
 // efa), so it is tested on fixtures without a NIC. The probes themselves
 // live with their families (verbs/verbs_devinfo, fabric/fabric_devinfo) and
-// are wired together by core::resolve_auto_provider (provider_probe.cpp).
+// are wired together by engine::resolve_auto_provider (provider_probe.cpp).
 #pragma once
 
 #include <functional>
@@ -12,31 +12,15 @@
 #include <vector>
 
 #include "ferry/status.h"
+#include "verbs/rdma_device.h"
 
-namespace ferry::core {
+namespace ferry::engine {
 
 inline constexpr const char* kAutoProvider = "auto";
 
-struct RdmaPort {
-  int number = 0;          // 1-based, as in ports/<n>
-  std::string state;       // "ACTIVE", "DOWN", "INIT", ... (ports/<n>/state without "4: ")
-  std::string link_layer;  // "InfiniBand", "Ethernet" (ports/<n>/link_layer)
-  bool active() const { return state == "ACTIVE"; }
-};
-
-// One device libibverbs lists ("mlx5_0", "rdmap16s27", "rxe0").
-struct RdmaDevice {
-  std::string name;
-  std::string driver;     // basename of device/driver: "mlx5_core", "efa"; empty if none
-  std::string vendor;     // device/vendor: "0x15b3" (Mellanox), "0x1d0f" (Amazon); may be empty
-  std::string node_type;  // node_type without the number: "CA", "RNIC", "unspecified"
-  std::vector<RdmaPort> ports;
-};
-
-// EFA appears in libibverbs too, but ferry reaches it only through
-// libfabric's "efa" provider (SRD, not RC): such a device never selects
-// "verbs".
-bool is_efa_device(const RdmaDevice& d);
+using verbs::is_efa_device;
+using verbs::RdmaDevice;
+using verbs::RdmaPort;
 
 // What the auto probe found. `efa` is unset when it was not probed (a verbs
 // device was chosen first).
@@ -108,4 +92,4 @@ ProviderProbes host_provider_probes(const std::string& sysfs_root = "/sys/class/
 // Provider "auto" on this host: resolve_provider(host_provider_probes()).
 ProviderChoice resolve_auto_provider(const std::string& sysfs_root = "/sys/class/infiniband");
 
-}  // namespace ferry::core
+}  // namespace ferry::engine

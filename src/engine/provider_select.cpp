@@ -1,14 +1,12 @@
-#include "core/provider_select.h"
+#include "engine/provider_select.h"
 
 #include <fmt/format.h>
 
 #include <optional>
 
-namespace ferry::core {
+namespace ferry::engine {
 
 namespace {
-
-constexpr const char* kAmazonVendor = "0x1d0f";
 
 std::string link_name(const std::string& link_layer) {
   if (link_layer == "Ethernet") return "Ethernet (RoCE)";
@@ -48,10 +46,6 @@ std::string verbs_attempt(const ProviderChoice& failed, const Status& open_error
 }
 
 }  // namespace
-
-bool is_efa_device(const RdmaDevice& d) {
-  return d.driver == "efa" || d.vendor == kAmazonVendor;
-}
 
 std::optional<ProviderChoice> choose_verbs(const std::vector<RdmaDevice>& devices) {
   for (const auto& d : devices) {
@@ -151,4 +145,4 @@ AutoOpen open_auto_provider(const ProviderChoice& choice, const ProviderProbes& 
   return r;
 }
 
-}  // namespace ferry::core
+}  // namespace ferry::engine

@@ -10,11 +10,12 @@
 #include "core/callback_thread.h"
 #include "core/imm_table.h"
 #include "core/log.h"
-#include "core/provider_select.h"
 #include "core/worker.h"
 #include "cuda/watcher.h"
+#include "engine/domain_families.h"
+#include "engine/placement.h"
+#include "engine/provider_select.h"
 #include "ferry/engine.h"
-#include "topo/topology.h"
 
 namespace ferry {
 
@@ -39,111 +40,7 @@ bool fits(uint64_t offset, uint64_t len, uint64_t limit) {
   return offset <= limit && len <= limit - offset;
 }
 
-// The machine's topology, read once per process; nullptr when sysfs is
-// unreadable (containers), in which case nothing is pinned by default.
-const topo::Topology* machine_topology() {
-  static const std::unique_ptr<topo::Topology> topo = []() -> std::unique_ptr<topo::Topology> {
-    try {
-      return std::make_unique<topo::Topology>(topo::detect());
-    } catch (const std::exception& e) {
-      core::log().warn("topology detection failed: {}; workers are not pinned", e.what());
-      return nullptr;
-    }
-  }();
-  return topo.get();
-}
-
-const topo::TopologyGroup* topology_group(const topo::Topology& t, const Device& d) {
-  return d.is_host() ? &t.host_group() : t.group(d.ordinal);
-}
-
-// libfabric names a NIC's domain after the device (efa: "<dev>-rdm").
-std::string domain_name(const topo::NicInfo& nic) {
-  return nic.kind == topo::NicKind::kEfa ? nic.name + "-rdm" : nic.name;
-}
-
-// Checks explicit NICs and CPUs against the topology; NICs it does not know
-// (loopback, veth in a namespace, shm) are development setups and pass.
-void validate_against_topology(const EngineConfig& config) {
-  const topo::Topology* t = machine_topology();
-  if (!t) return;
-  for (const auto& g : config.groups) {
-    const topo::TopologyGroup* tg = topology_group(*t, g.device);
-    if (!tg) {
-      if (!g.insist)
-        throw Error(Code::kInvalidArgument,
-                    fmt::format("{} is not in the detected topology (set GroupConfig::insist to "
-                                "use it anyway)",
-                                g.device.to_string()));
-      continue;
-    }
-    std::vector<std::string> known;
-    for (const auto& n : g.nic_names)
-      for (const auto& nic : t->nics)
-        if (domain_name(nic) == n || nic.name == n) known.push_back(nic.name);
-    std::vector<std::string> problems;
-    if (g.worker_cpu >= 0) {
-      int node = t->numa_of_cpu(g.worker_cpu);
-      if (node < 0)
-        problems.push_back(fmt::format("worker CPU {} does not exist", g.worker_cpu));
-      else if (node != tg->numa)
-        problems.push_back(
-            fmt::format("worker CPU {} is on NUMA node {}, the group's devices on {}", g.worker_cpu,
-                        node, tg->numa));
-    }
-    if (!known.empty()) {
-      int gpu = g.device.is_host() ? -1 : g.device.ordinal;
-      for (const auto& p : topo::validate_group(*t, gpu, known, {}, true))
-        problems.push_back(p.message);
-    }
-    for (const auto& p : problems) {
-      if (!g.insist)
-        throw Error(Code::kInvalidArgument,
-                    fmt::format("group for {}: {} (set GroupConfig::insist to use it anyway)",
-                                g.device.to_string(), p));
-      core::log().warn("group for {}: {}", g.device.to_string(), p);
-    }
-  }
-}
-
-std::vector<int> default_affinity(const GroupConfig& g) {
-  const topo::Topology* t = machine_topology();
-  if (!t || g.worker_cpu >= 0) return {};
-  const topo::TopologyGroup* tg = topology_group(*t, g.device);
-  if (!tg) return {};
-  auto node = t->numa_nodes.find(tg->numa);
-  return node == t->numa_nodes.end() ? std::vector<int>{} : node->second.cpus;
-}
-
 }  // namespace
-
-EngineConfig EngineConfig::from_topology(const std::vector<int>& gpus, size_t nics_per_gpu,
-                                         std::string provider) {
-  const topo::Topology* t = machine_topology();
-  if (!t)
-    throw Error(Code::kUnavailable, "EngineConfig::from_topology: no topology (sysfs unreadable)");
-  EngineConfig c;
-  c.provider = std::move(provider);
-  c.nics_per_group = nics_per_gpu;
-  c.groups.clear();
-  std::vector<int> wanted = gpus.empty() ? std::vector<int>{-1} : gpus;
-  for (int gpu : wanted) {
-    const topo::TopologyGroup* tg = gpu < 0 ? &t->host_group() : t->group(gpu);
-    if (!tg)
-      throw Error(Code::kNotFound, fmt::format("GPU {} is not in the detected topology", gpu));
-    if (tg->nics.size() < nics_per_gpu)
-      throw Error(Code::kFailedPrecondition,
-                  fmt::format("{} has {} NICs in the topology, {} requested",
-                              gpu < 0 ? std::string("the host") : fmt::format("GPU {}", gpu),
-                              tg->nics.size(), nics_per_gpu));
-    GroupConfig g;
-    g.device = gpu < 0 ? Device::host() : Device::cuda(gpu);
-    for (size_t i = 0; i < nics_per_gpu; ++i) g.nic_names.push_back(domain_name(tg->nics[i]));
-    if (!tg->cpus.empty()) g.worker_cpu = tg->cpus.front();
-    c.groups.push_back(std::move(g));
-  }
-  return c;
-}
 
 struct TransferEngine::Impl {
   core::EngineShared shared;
@@ -229,7 +126,7 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   auto& im = *impl_;
   if (config.provider.empty()) {
     const char* env = std::getenv("FERRY_PROVIDER");
-    config.provider = env && *env ? env : core::kAutoProvider;
+    config.provider = env && *env ? env : engine::kAutoProvider;
   }
   // Before the auto probe: a malformed knob is the caller's error on any host.
   if (config.verbs_gid_index < -1)
@@ -237,12 +134,12 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
                 fmt::format("EngineConfig: verbs_gid_index {} (-1 = automatic, else a GID table "
                             "index)",
                             config.verbs_gid_index));
-  const bool auto_provider = config.provider == core::kAutoProvider;
-  core::ProviderProbes probes;
-  core::ProviderChoice choice;
+  const bool auto_provider = config.provider == engine::kAutoProvider;
+  engine::ProviderProbes probes;
+  engine::ProviderChoice choice;
   if (auto_provider) {
-    probes = core::host_provider_probes();
-    choice = core::resolve_provider(probes);
+    probes = engine::host_provider_probes();
+    choice = engine::resolve_provider(probes);
     if (!choice.error.is_ok()) throw Error(choice.error);
     core::log().info("provider auto -> {} ({})", choice.provider, choice.reason);
     config.provider = choice.provider;
@@ -274,15 +171,16 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   im.shared.send_free = &im.send_free;
   im.shared.send_pool = &im.send_pool;
   im.shared.recv_pools = &im.recv_pools;
+  im.shared.open_domain = engine::domain_opener();
 
-  validate_against_topology(config);
+  engine::validate_against_topology(config);
   // Every group on one provider, or none open: a failed attempt leaves
   // nothing behind for the next one (the auto fallback).
   const auto start_workers = [&](const std::string& provider) -> Status {
     im.shared.config.provider = provider;
     for (size_t g = 0; g < config.groups.size(); ++g) {
       auto w = std::make_unique<core::Worker>(&im.shared, g, config.groups[g],
-                                              default_affinity(config.groups[g]));
+                                              engine::default_affinity(config.groups[g]));
       Status st = w->start();
       if (!st.is_ok()) {
         for (auto& started : im.workers) started->stop();
@@ -295,7 +193,7 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   };
   Status started;
   if (auto_provider) {
-    const core::AutoOpen opened = core::open_auto_provider(
+    const engine::AutoOpen opened = engine::open_auto_provider(
         choice, probes, start_workers, [](const std::string& m) { core::log().warn("{}", m); });
     started = opened.error;
   } else {
