@@ -272,6 +272,10 @@ class NvlinkDomain final : public core::Domain {
   };
   std::vector<uint64_t> sent_;
   std::deque<PostedRecv> recvs_;
+  // Slots of our rings skipped because their writer died mid-push, as last
+  // reported in the log.
+  uint64_t lost_runs_seen_ = 0, lost_msgs_seen_ = 0;
+  void report_lost();
 };
 
 std::unique_ptr<core::Domain> NvlinkDomain::open(const core::DomainOptions& options,
@@ -528,7 +532,7 @@ NvlinkDomain::Target* NvlinkDomain::resolve(Peer& p, uint64_t rkey, Status* erro
   if (p.last != nullptr && p.last_rkey == rkey) return p.last;
   auto it = p.targets.find(rkey);
   if (it == p.targets.end()) {
-    RegionEntry e;
+    RegionInfo e;
     if (!p.shm->lookup(rkey, &e)) {
       *error = Status(Code::kNotFound, fmt::format("nvlink {}: rkey {:#x} vanished at {}",
                                                    info_.name, rkey, peer_name(p)));
@@ -799,7 +803,20 @@ size_t NvlinkDomain::poll(std::span<core::Completion> out) {
     c.imm = r.imm;
     c.count = r.count;
   }
+  if (shm_->lost_runs() != lost_runs_seen_ || shm_->lost_msgs() != lost_msgs_seen_) report_lost();
   return n;
+}
+
+// A writer killed between claiming a slot of our mailbox or message ring and
+// publishing it: the slot was skipped (ShmSegment::skip_dead_claim), and what
+// it would have carried is gone with the writer.
+void NvlinkDomain::report_lost() {
+  core::log().warn(
+      "ferry nvlink: {}: a writer (pid {}) died while pushing into this domain's segment; "
+      "lost so far: {} immediate run(s), {} message(s)",
+      info_.name, shm_->last_lost_claimant(), shm_->lost_runs(), shm_->lost_msgs());
+  lost_runs_seen_ = shm_->lost_runs();
+  lost_msgs_seen_ = shm_->lost_msgs();
 }
 
 }  // namespace

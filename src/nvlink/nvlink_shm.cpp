@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "nvlink/nvlink_liveness.h"
+
 namespace ferry::nvlink {
 
 namespace {
@@ -37,28 +39,66 @@ bool fill_addr(const std::string& path, sockaddr_un* a) {
 }
 
 // Vyukov's bounded multi-producer ring, shared by the mailbox and the message
-// ring: a slot's sequence is pos when free for the producer at pos, pos + 1
-// once filled. Claims the slot of the next position, or null when the ring is
-// full (the owner has not drained a lap behind).
+// ring, with the claim made in the slot itself: a producer takes the slot of
+// position pos by one CAS of its state from (pos, no claimant) to (pos, its
+// pid), then moves enqueue_pos past it. The pid is therefore in the slot from
+// the instant it is taken, so the owner can skip the slot of a claimant that
+// died before publishing (ShmSegment::skip_dead_claim). A producer finding
+// the slot at enqueue_pos already taken for that position moves enqueue_pos
+// on itself, so a claimant killed between its two steps blocks no producer.
+// enqueue_pos passes a position only once its slot was taken, so the owner
+// never waits at a slot nobody claimed while later ones fill.
+// Returns the claimed slot, or null when the ring is full (the owner has not
+// drained a lap behind). With `advance` false the caller leaves enqueue_pos
+// alone (abandon_claim_for_test).
 template <class Slot>
-Slot* claim(std::atomic<uint64_t>& enqueue_pos, Slot* ring, uint32_t capacity, uint64_t* pos_out) {
+Slot* claim(std::atomic<uint64_t>& enqueue_pos, Slot* ring, uint32_t capacity, uint32_t pid,
+            uint64_t* pos_out, bool advance = true) {
   uint64_t pos = enqueue_pos.load(std::memory_order_relaxed);
   for (;;) {
     Slot* slot = &ring[pos % capacity];
-    const int32_t dif = int32_t(slot->seq.load(std::memory_order_acquire) - uint32_t(pos));
+    uint64_t st = slot->state.load(std::memory_order_acquire);
+    const int32_t dif = int32_t(state_seq(st) - uint32_t(pos));
     if (dif < 0) return nullptr;
-    if (dif == 0 && enqueue_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-      *pos_out = pos;
-      return slot;
+    if (dif == 0 && state_claimant(st) == 0) {
+      // Acquire: the owner's reads of the lap before happened before its
+      // release of the slot, so our writes into it cannot race them.
+      if (slot->state.compare_exchange_weak(st, slot_state(uint32_t(pos), pid),
+                                            std::memory_order_acquire, std::memory_order_relaxed)) {
+        *pos_out = pos;
+        // Fails when another producer already moved it on for us.
+        if (advance) enqueue_pos.compare_exchange_strong(pos, pos + 1, std::memory_order_relaxed);
+        return slot;
+      }
+      continue;  // lost the slot to another producer: look again
     }
-    if (dif > 0) pos = enqueue_pos.load(std::memory_order_relaxed);
+    // Taken for pos (claimed, filled or already drained), or pos is stale:
+    // move enqueue_pos past it if nobody has; either way pos is now current.
+    if (enqueue_pos.compare_exchange_strong(pos, pos + 1, std::memory_order_relaxed)) ++pos;
   }
+}
+
+// Claimant's last step: the slot claimed at pos becomes filled. False only
+// when the owner skipped the slot, having found this process dead (a pid it
+// cannot see, e.g. of another pid namespace): the caller reports back-pressure
+// and its next attempt takes a new slot.
+template <class Slot>
+bool publish_slot(Slot& slot, uint64_t pos, uint32_t pid) {
+  uint64_t st = slot_state(uint32_t(pos), pid);
+  return slot.state.compare_exchange_strong(st, slot_state(uint32_t(pos + 1), 0),
+                                            std::memory_order_release, std::memory_order_relaxed);
 }
 
 // Whether the slot of position pos holds what a producer published there.
 template <class Slot>
 bool filled(const Slot& slot, uint64_t pos, std::memory_order order) {
-  return slot.seq.load(order) == uint32_t(pos + 1);
+  return state_seq(slot.state.load(order)) == uint32_t(pos + 1);
+}
+
+// Owner: frees the drained slot of position pos for the producer a lap later.
+template <class Slot>
+void release_slot(Slot& slot, uint64_t pos, uint32_t capacity) {
+  slot.state.store(slot_state(uint32_t(pos + capacity), 0), std::memory_order_release);
 }
 
 // The owner's wake socket; -1 when it cannot be made (the owner naps instead).
@@ -86,6 +126,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
   std::unique_ptr<ShmSegment> s(new ShmSegment());
   s->name_ = name;
   s->owner_ = true;  // unlinks from here on, also on failure below
+  s->self_pid_ = uint32_t(::getpid());
   if (::ftruncate(fd, kShmBytes) != 0) {
     *error = sys_error("ftruncate", name);
     ::close(fd);
@@ -114,14 +155,14 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
   MailboxCell* cells = s->cells();
   for (uint32_t i = 0; i < kMailboxCapacity; ++i) {
     new (&cells[i]) MailboxCell{};
-    cells[i].seq.store(i, std::memory_order_relaxed);
+    cells[i].state.store(slot_state(i, 0), std::memory_order_relaxed);
   }
   RegionEntry* regs = s->regions();
   for (uint32_t i = 0; i < kRegionCapacity; ++i) new (&regs[i]) RegionEntry{};
   // Only the slots' headers: their data pages stay untouched until used.
   MsgSlot* msgs = s->msgs();
   for (uint32_t i = 0; i < kMsgSlots; ++i) {
-    new (&msgs[i].seq) std::atomic<uint32_t>(i);
+    new (&msgs[i].state) std::atomic<uint64_t>(slot_state(i, 0));
     new (&msgs[i].len) std::atomic<uint32_t>(0);
   }
   s->wake_fd_ = bind_wake_socket(wake_path(name));
@@ -158,6 +199,7 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, Status* er
   std::unique_ptr<ShmSegment> s(new ShmSegment());
   s->name_ = name;
   s->base_ = p;
+  s->self_pid_ = uint32_t(::getpid());
   s->wake_path_ = wake_path(name);
   s->wake_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (sockaddr_un a; fill_addr(s->wake_path_, &a)) s->wake_addr_ = a;
@@ -185,12 +227,44 @@ ShmSegment::~ShmSegment() {
 
 bool ShmSegment::push_run(uint32_t imm, uint32_t count) {
   uint64_t pos;
-  MailboxCell* cell = claim(header().enqueue_pos, cells(), kMailboxCapacity, &pos);
+  MailboxCell* cell = claim(header().enqueue_pos, cells(), kMailboxCapacity, self_pid_, &pos);
   if (cell == nullptr) return false;
   cell->imm.store(imm, std::memory_order_relaxed);
   cell->count.store(count, std::memory_order_relaxed);
-  cell->seq.store(uint32_t(pos + 1), std::memory_order_release);
+  if (!publish_slot(*cell, pos, self_pid_)) return false;
   wake_owner();
+  return true;
+}
+
+bool ShmSegment::abandon_claim_for_test(bool message, bool advance) {
+  uint64_t pos;
+  if (message) return claim(header().msg_enqueue_pos, msgs(), kMsgSlots, self_pid_, &pos, advance);
+  return claim(header().enqueue_pos, cells(), kMailboxCapacity, self_pid_, &pos, advance);
+}
+
+// The owner found the slot of position pos (the oldest) in `state`: claimed,
+// not published. Waits kDeadClaimCheck, then asks whether the claimant runs
+// (pidfd, else kill(pid, 0)), again each period while it stays so; true once
+// the claimant was found dead and the slot freed for the next lap, so the
+// caller moves past it. A claimant that publishes meanwhile wins the CAS.
+template <class Slot>
+bool ShmSegment::skip_dead_claim(Slot& slot, uint64_t pos, uint64_t state, uint32_t capacity,
+                                 Stall& stall) {
+  const auto now = std::chrono::steady_clock::now();
+  if (stall.pos != pos) {
+    stall.pos = pos;
+    stall.check_at = now + kDeadClaimCheck;
+    return false;
+  }
+  if (now < stall.check_at) return false;
+  stall.check_at = now + kDeadClaimCheck;
+  const uint32_t claimant = state_claimant(state);
+  if (PeerLiveness(pid_t(claimant)).alive()) return false;
+  if (!slot.state.compare_exchange_strong(state, slot_state(uint32_t(pos + capacity), 0),
+                                          std::memory_order_acq_rel, std::memory_order_relaxed))
+    return false;
+  stall.pos = ~0ull;
+  last_lost_claimant_ = claimant;
   return true;
 }
 
@@ -213,26 +287,36 @@ void ShmSegment::wake_owner() {
 bool ShmSegment::push_msg(const void* data, size_t len) {
   if (len > kMsgBytes) return false;
   uint64_t pos;
-  MsgSlot* slot = claim(header().msg_enqueue_pos, msgs(), kMsgSlots, &pos);
+  MsgSlot* slot = claim(header().msg_enqueue_pos, msgs(), kMsgSlots, self_pid_, &pos);
   if (slot == nullptr) return false;
   if (len > 0) std::memcpy(slot->data, data, len);  // an empty message may come with no buffer
   slot->len.store(uint32_t(len), std::memory_order_relaxed);
-  slot->seq.store(uint32_t(pos + 1), std::memory_order_release);
+  if (!publish_slot(*slot, pos, self_pid_)) return false;
   wake_owner();
   return true;
 }
 
 int64_t ShmSegment::pop_msg(void* dst, size_t cap) {
   ShmHeader& h = header();
-  const uint64_t pos = h.msg_dequeue_pos;
-  MsgSlot& slot = msgs()[pos % kMsgSlots];
-  if (!filled(slot, pos, std::memory_order_acquire)) return -1;
-  const size_t len = slot.len.load(std::memory_order_relaxed);
-  // A length beyond the slot is a writer's fault: never read past the slot.
-  if (const size_t n = std::min({len, cap, kMsgBytes}); n > 0) std::memcpy(dst, slot.data, n);
-  slot.seq.store(uint32_t(pos + kMsgSlots), std::memory_order_release);
-  h.msg_dequeue_pos = pos + 1;
-  return int64_t(len);
+  for (;;) {
+    const uint64_t pos = h.msg_dequeue_pos;
+    MsgSlot& slot = msgs()[pos % kMsgSlots];
+    const uint64_t st = slot.state.load(std::memory_order_acquire);
+    if (state_seq(st) != uint32_t(pos + 1)) {
+      if (state_seq(st) != uint32_t(pos) || state_claimant(st) == 0 ||
+          !skip_dead_claim(slot, pos, st, kMsgSlots, msg_stall_))
+        return -1;
+      ++lost_msgs_;
+      h.msg_dequeue_pos = pos + 1;
+      continue;
+    }
+    const size_t len = slot.len.load(std::memory_order_relaxed);
+    // A length beyond the slot is a writer's fault: never read past the slot.
+    if (const size_t n = std::min({len, cap, kMsgBytes}); n > 0) std::memcpy(dst, slot.data, n);
+    release_slot(slot, pos, kMsgSlots);
+    h.msg_dequeue_pos = pos + 1;
+    return int64_t(len);
+  }
 }
 
 bool ShmSegment::prepare_to_sleep(bool messages_count) {
@@ -265,10 +349,18 @@ size_t ShmSegment::pop_runs(std::span<ImmRun> out) {
   while (n < out.size()) {
     const uint64_t pos = h.dequeue_pos;
     MailboxCell& cell = c[pos % kMailboxCapacity];
-    if (!filled(cell, pos, std::memory_order_acquire)) break;
+    const uint64_t st = cell.state.load(std::memory_order_acquire);
+    if (state_seq(st) != uint32_t(pos + 1)) {
+      if (state_seq(st) != uint32_t(pos) || state_claimant(st) == 0 ||
+          !skip_dead_claim(cell, pos, st, kMailboxCapacity, run_stall_))
+        break;
+      ++lost_runs_;
+      h.dequeue_pos = pos + 1;
+      continue;
+    }
     out[n++] = ImmRun{cell.imm.load(std::memory_order_relaxed),
                       cell.count.load(std::memory_order_relaxed)};
-    cell.seq.store(uint32_t(pos + kMailboxCapacity), std::memory_order_release);
+    release_slot(cell, pos, kMailboxCapacity);
     h.dequeue_pos = pos + 1;
   }
   return n;
@@ -286,12 +378,19 @@ uint64_t ShmSegment::publish(uint64_t ptr, uint64_t len, uint64_t alloc_offset,
   }
   RegionEntry& e = regions()[slot];
   const uint64_t gen = next_gen_++;
+  // Seqlock write (one writer): gen 0 first, then the fields with release
+  // stores, so a reader whose acquire load of any field sees a new value also
+  // sees gen no longer its own when it loads gen again; then the new gen,
+  // released after the fields.
   e.gen.store(0, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  e.ptr = ptr;
-  e.len = len;
-  e.alloc_offset = alloc_offset;
-  std::memcpy(e.handle, handle, kIpcHandleBytes);
+  e.ptr.store(ptr, std::memory_order_release);
+  e.len.store(len, std::memory_order_release);
+  e.alloc_offset.store(alloc_offset, std::memory_order_release);
+  for (size_t i = 0; i < kIpcHandleBytes / 8; ++i) {
+    uint64_t w;
+    std::memcpy(&w, handle + 8 * i, 8);
+    e.handle[i].store(w, std::memory_order_release);
+  }
   e.gen.store(gen, std::memory_order_release);
   return gen << 32 | slot;
 }
@@ -305,19 +404,26 @@ void ShmSegment::unpublish(uint64_t rkey) {
   free_list_[free_count_++] = slot;
 }
 
-bool ShmSegment::lookup(uint64_t rkey, RegionEntry* out) {
+bool ShmSegment::lookup(uint64_t rkey, RegionInfo* out) {
   const uint32_t slot = uint32_t(rkey);
   const uint64_t gen = rkey >> 32;
   if (slot >= kRegionCapacity || gen == 0) return false;
   RegionEntry& e = regions()[slot];
-  // Seqlock read: the generation before and after brackets a stable copy.
+  // Seqlock read: the rkey's generation before and after brackets a stable
+  // copy. No retry: generations are never reused, so a slot rewritten since
+  // the first load will never hold this rkey again.
   if (e.gen.load(std::memory_order_acquire) != gen) return false;
-  out->ptr = e.ptr;
-  out->len = e.len;
-  out->alloc_offset = e.alloc_offset;
-  std::memcpy(out->handle, e.handle, kIpcHandleBytes);
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return e.gen.load(std::memory_order_relaxed) == gen;
+  RegionInfo r;
+  r.ptr = e.ptr.load(std::memory_order_acquire);
+  r.len = e.len.load(std::memory_order_acquire);
+  r.alloc_offset = e.alloc_offset.load(std::memory_order_acquire);
+  for (size_t i = 0; i < kIpcHandleBytes / 8; ++i) {
+    const uint64_t w = e.handle[i].load(std::memory_order_acquire);
+    std::memcpy(r.handle + 8 * i, &w, 8);
+  }
+  if (e.gen.load(std::memory_order_relaxed) != gen) return false;
+  *out = r;
+  return true;
 }
 
 }  // namespace ferry::nvlink
