@@ -26,7 +26,9 @@ fi
 
 "$PYTHON" -m pip install -q --disable-pip-version-check \
   "nanobind>=2.4" "scikit-build-core>=0.10" "numpy>=1.22" "pytest>=7"
+# The build tree is kept in build/py-<wheel tag> (pyproject.toml names none, so a plain
+# `pip install .` leaves the checkout alone): later runs rebuild only what changed.
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-build-isolation \
-  ${FERRY_PIP_EDITABLE:+-e} .
+  -Cbuild-dir="build/py-{wheel_tag}" ${FERRY_PIP_EDITABLE:+-e} .
 "$PYTHON" -m ferry.info --provider "tcp;ofi_rxm" --provider shm
 "$PYTHON" -m pytest tests/python -rs -p no:cacheprovider "$@"

@@ -15,11 +15,14 @@ Completion: every submit_* returns a :class:`Transfer` (a concurrent.futures.Fut
 also awaitable) and accepts ``on_done=callable(error_or_None)``; bulk users may pass
 ``counter=ferry.TransferCounter()`` instead (no Python on the completion path).
 Errors are :class:`FerryError` subclasses (``InvalidArgument``, ``NotFound``, ``Timeout``...).
+``ferry.aio`` (asyncio helpers), ``ferry.info`` and ``ferry.bench`` load on first use.
 """
 
 from __future__ import annotations
 
+import importlib as _importlib
 import os as _os
+from typing import Any as _Any
 
 # The C++ library logs through spdlog at level FERRY_LOG (trace..off); keep Python
 # programs quiet unless asked (FERRY_LOG=info shows provider and worker set-up).
@@ -36,6 +39,7 @@ from ._errors import (
     FerryError,
     Internal,
     InvalidArgument,
+    InvalidArgumentType,
     NotFound,
     OutOfRange,
     ResourceExhausted,
@@ -64,6 +68,21 @@ def build_info() -> dict:
     return dict(_ferry.build_info())
 
 
+# Submodules reachable as attributes (``ferry.aio.wait_imm``) but imported on first use:
+# ferry.aio imports asyncio, which `import ferry` alone does not need.
+_LAZY_SUBMODULES = ("aio", "info", "bench")
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _LAZY_SUBMODULES:
+        return _importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
+
+
 __all__ = [
     "__version__",
     "build_info",
@@ -82,6 +101,7 @@ __all__ = [
     "FerryError",
     "Cancelled",
     "InvalidArgument",
+    "InvalidArgumentType",
     "Timeout",
     "DeadlineExceeded",
     "NotFound",

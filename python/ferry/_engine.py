@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import concurrent.futures
 import logging
+import math
+import numbers
 import operator
 import threading
 import weakref
 from typing import Any, Callable, Generator, Iterable, Optional, Sequence, Union
 
 from . import _ferry
-from ._errors import BY_CODE, FailedPrecondition, FerryError, InvalidArgument, Timeout
+from ._errors import (
+    BY_CODE,
+    FailedPrecondition,
+    FerryError,
+    InvalidArgument,
+    InvalidArgumentType,
+    Timeout,
+)
 from ._ferry import (
     GroupRoute,
     ImmCounter,
@@ -32,7 +40,8 @@ OnDone = Callable[[Optional[FerryError]], Any]
 """on_done(error): error is None on success, else the ferry exception."""
 
 PageList = Any
-"""1-D int32/uint32/int64 array (NumPy, torch CPU, DLPack, buffer protocol) or a list of ints."""
+"""1-D int32/uint32/int64/uint64 array (NumPy, torch CPU, DLPack, buffer protocol) or a list of
+ints; every index must be below 2**32 (else OutOfRange)."""
 
 
 def _report_callback_error(where: str, exc: BaseException) -> None:
@@ -44,7 +53,62 @@ def _report_callback_error(where: str, exc: BaseException) -> None:
 
 
 _ferry._set_error_classes(dict(BY_CODE))
+_ferry._set_type_error_class(InvalidArgumentType)
 _ferry._set_callback_error_hook(_report_callback_error)
+
+
+# ---------------------------------------------------------------------- argument checks
+# The extension checks the arguments of every call it receives; these cover what is
+# checked in Python (engine configuration, Transfer waits).
+
+
+def _int_arg(value: Any, name: str, lo: int, hi: int, range_text: str) -> int:
+    """An int (or anything with __index__, not bool) in [lo, hi], naming `name` otherwise."""
+    if isinstance(value, bool):
+        raise InvalidArgumentType(f"{name} must be an int, got bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise InvalidArgumentType(f"{name} must be an int, got {type(value).__name__}") from None
+    if not lo <= v <= hi:
+        if lo == 0 and v < 0:
+            raise InvalidArgument(f"{name} must not be negative (got {v})")
+        raise InvalidArgument(f"{name} must be in {range_text} (got {v})")
+    return v
+
+
+def _seconds_arg(value: Any, name: str) -> Optional[float]:
+    """None or a non-negative number of seconds; more than 10**9 s (or inf) is None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidArgumentType(
+            f"{name} must be a number of seconds or None, got {type(value).__name__}"
+        )
+    try:
+        t = float(value)
+    except OverflowError:  # an int beyond float: as good as forever (or negative)
+        t = math.inf if value > 0 else -math.inf
+    if math.isnan(t) or t < 0:
+        raise InvalidArgument(
+            f"{name} must be a non-negative number of seconds or None (got {value!r})"
+        )
+    return None if t > 1e9 else t
+
+
+def _str_list_arg(value: Any, name: str) -> list:
+    if isinstance(value, str):
+        return [value]
+    try:
+        items = list(value)
+    except TypeError:
+        raise InvalidArgumentType(
+            f"{name} must be a list of NIC names (str), got {type(value).__name__}"
+        ) from None
+    for i, n in enumerate(items):
+        if not isinstance(n, str):
+            raise InvalidArgumentType(f"{name}[{i}] must be a NIC name (str), got {type(n).__name__}")
+    return items
 
 
 class Transfer(concurrent.futures.Future):
@@ -73,8 +137,10 @@ class Transfer(concurrent.futures.Future):
     def result(self, timeout: Optional[float] = None) -> None:
         """Wait up to `timeout` seconds (None: forever) for the transfer; raise its error.
 
-        Raises ferry.Timeout (a TimeoutError) when it is still running at the deadline.
+        Raises ferry.Timeout (a TimeoutError) when it is still running at the deadline, and
+        ferry.Cancelled when its engine stops first.
         """
+        timeout = _seconds_arg(timeout, "timeout")
         self._check_wait()
         try:
             return super().result(timeout)
@@ -85,6 +151,7 @@ class Transfer(concurrent.futures.Future):
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         """Wait like result(); return the transfer's error or None."""
+        timeout = _seconds_arg(timeout, "timeout")
         self._check_wait()
         try:
             return super().exception(timeout)
@@ -96,6 +163,8 @@ class Transfer(concurrent.futures.Future):
         return self.result(timeout)
 
     def __await__(self) -> Generator[Any, None, None]:
+        import asyncio  # here: `import ferry` does not load asyncio
+
         return asyncio.wrap_future(self).__await__()
 
     def __repr__(self) -> str:
@@ -107,7 +176,7 @@ class Group:
 
     def __init__(self, device: str = "cpu", nics: Optional[Sequence[str]] = None, worker_cpu: int = -1):
         self.device = device
-        self.nics = list(nics or [])
+        self.nics = _str_list_arg(nics, "nics") if nics is not None else []
         self.worker_cpu = worker_cpu
 
     def __repr__(self) -> str:
@@ -120,8 +189,12 @@ _live_lock = threading.Lock()
 
 @atexit.register
 def _stop_all_engines() -> None:
-    # Before the interpreter finalises: the callback thread must not try to take
-    # the GIL of a dying interpreter.
+    # Before the interpreter finalises. First, threads still inside a ferry call that
+    # released the GIL (an ImmCounter.wait in a daemon thread) park when they come back
+    # instead of re-taking the GIL: re-taking it during finalisation ends the thread
+    # with pthread_exit, which aborts the process when it unwinds through C++. Then
+    # the engines stop, so that no callback thread takes the GIL of a dying interpreter.
+    _ferry._begin_exit()
     with _live_lock:
         engines = list(_live_engines)
     for e in engines:
@@ -131,19 +204,46 @@ def _stop_all_engines() -> None:
             log.exception("stopping a ferry engine at exit failed")
 
 
+_SCATTER_SHAPE = "ScatterDst or a tuple (length, src_offset, dst[, dst_offset])"
+
+
 def _desc_list(dsts: Iterable[Any]) -> list:
+    try:
+        items = list(dsts)
+    except TypeError:
+        raise InvalidArgumentType(
+            f"dsts must be an iterable of {_SCATTER_SHAPE}, got {type(dsts).__name__}"
+        ) from None
     out = []
-    for d in dsts:
+    for i, d in enumerate(items):
         if isinstance(d, ScatterDst):
             out.append(d)
-        elif isinstance(d, (tuple, list)) and len(d) in (3, 4):
-            out.append(ScatterDst(*d))
+        elif isinstance(d, (tuple, list)):
+            if len(d) not in (3, 4):
+                raise InvalidArgument(
+                    f"scatter target {i}: expected {_SCATTER_SHAPE}, got a {type(d).__name__} "
+                    f"of {len(d)} item{'' if len(d) == 1 else 's'}"
+                )
+            try:
+                out.append(ScatterDst(*d))
+            except FerryError as e:  # which field: "length must not be negative", ...
+                raise type(e)(f"scatter target {i}: {e}") from None
         else:
-            raise InvalidArgument(
-                f"scatter targets must be ScatterDst or (length, src_offset, dst, dst_offset) "
-                f"tuples, got {type(d).__name__}"
+            raise InvalidArgumentType(
+                f"scatter target {i}: expected {_SCATTER_SHAPE}, got {type(d).__name__}"
             )
     return out
+
+
+def _list_arg(value: Any, name: str, what: str) -> list:
+    if isinstance(value, list):
+        return value
+    try:
+        return list(value)
+    except TypeError:
+        raise InvalidArgumentType(
+            f"{name} must be an iterable of {what}, got {type(value).__name__}"
+        ) from None
 
 
 def _gid_index(value: Any) -> int:
@@ -205,23 +305,43 @@ class TransferEngine:
         send_buffer_count: int = 256,
         verbs_gid_index: int = -1,
     ) -> None:
+        if provider is not None and not isinstance(provider, str):
+            raise InvalidArgumentType(f"provider must be a str or None, got {type(provider).__name__}")
         if poll_mode not in ("adaptive", "busy"):
             raise InvalidArgument(f"poll_mode must be 'adaptive' or 'busy', got {poll_mode!r}")
         verbs_gid_index = _gid_index(verbs_gid_index)
-        if isinstance(nics, str):
-            nics = [nics]
-        if groups is None:
+        if nics is not None:
+            nics = _str_list_arg(nics, "nics")
+        explicit = groups is not None
+        if not explicit:
             groups = [Group("cpu", nics, worker_cpu)]
         elif nics is not None or worker_cpu != -1:
             raise InvalidArgument("pass either groups= or nics=/worker_cpu=, not both")
-        specs = [_ferry._GroupSpec(g.device, list(g.nics), g.worker_cpu) for g in groups]
+        specs = []
+        for i, g in enumerate(_list_arg(groups, "groups", "ferry.Group")):
+            if not isinstance(g, Group):
+                raise InvalidArgumentType(f"groups[{i}] must be a ferry.Group, got {type(g).__name__}")
+            if not isinstance(g.device, str):
+                raise InvalidArgumentType(
+                    f"groups[{i}].device must be a str ('cpu', 'cuda:N'), got {type(g.device).__name__}"
+                )
+            where = f"groups[{i}]." if explicit else ""
+            cpu = _int_arg(g.worker_cpu, f"{where}worker_cpu", -1, 2**31 - 1, "[-1, 2**31)")
+            specs.append(_ferry._GroupSpec(g.device, _str_list_arg(g.nics, f"{where}nics"), cpu))
+        nics_per_group = _int_arg(nics_per_group, "nics_per_group", -(2**63), 2**63 - 1, "[1, 2**63)")
+        if nics_per_group <= 0:
+            raise InvalidArgument(f"nics_per_group must be positive (got {nics_per_group})")
+        callback_cpu = _int_arg(callback_cpu, "callback_cpu", -1, 2**31 - 1, "[-1, 2**31)")
+        timeout = _seconds_arg(default_timeout, "default_timeout")
+        send_buffer_size = _int_arg(send_buffer_size, "send_buffer_size", 0, 2**63 - 1, "[0, 2**63)")
+        send_buffer_count = _int_arg(send_buffer_count, "send_buffer_count", 0, 2**63 - 1, "[0, 2**63)")
         self._e = _ferry.Engine(
             provider or "",
             specs,
             nics_per_group,
             poll_mode == "busy",
             callback_cpu,
-            float(default_timeout or 0.0),
+            timeout or 0.0,
             send_buffer_size,
             send_buffer_count,
             verbs_gid_index,
@@ -298,7 +418,7 @@ class TransferEngine:
                 f"cannot register a read-only {type(obj).__name__} as a write target: pass "
                 "writable=False to use it only as a source"
             )
-        return self._e.register_memory(ptr, nbytes, device, obj, writable)
+        return self._e.register_memory(ptr, nbytes, device, obj, bool(writable))
 
     def register_memory(
         self, ptr: int, length: int, device: str = "cpu", *, owner: Any = None
@@ -431,10 +551,7 @@ class TransferEngine:
     def add_peer_group(self, peers: Union[Sequence[MrDesc], Sequence[Sequence[NetAddr]]]) -> int:
         """Declare a set of peers (their descriptors, or every NIC address of each peer);
         returns a handle for submit_scatter/submit_barrier. Idempotent."""
-        peers = list(peers)
-        if peers and isinstance(peers[0], MrDesc):
-            return self._e.add_peer_group(peers)
-        return self._e.add_peer_group([list(p) for p in peers])
+        return self._e.add_peer_group(_list_arg(peers, "peers", "MrDesc or lists of NetAddr"))
 
     def submit_scatter(
         self,
@@ -469,7 +586,7 @@ class TransferEngine:
         counter: Optional[TransferCounter] = None,
     ) -> Optional[Transfer]:
         """Send the immediate `imm` once to the owner of every descriptor in `dsts`."""
-        d = list(dsts)
+        d = _list_arg(dsts, "dsts", "MrDesc")
         r = route if route is not None else _SHARD_PEERS
         if counter is not None:
             self._e.submit_barrier(imm, d, group, r, None, on_done, counter)
@@ -483,7 +600,9 @@ class TransferEngine:
     def expect_imm_count(self, imm: int, count: int, callback: Callable[[], Any]) -> None:
         """Call callback() on the callback thread each time `count` immediates `imm` arrived.
 
-        Replaces an earlier expectation or counter for `imm`.
+        An immediate is counted one way at a time: raises ferry.AlreadyExists when `imm`
+        already has an imm_counter; remove_imm_count(imm) first to switch. A second
+        expect_imm_count for `imm` replaces the first.
         """
         self._e.expect_imm_count(imm, count, callback)
 
@@ -492,7 +611,12 @@ class TransferEngine:
         self._e.remove_imm_count(imm)
 
     def imm_counter(self, imm: int) -> ImmCounter:
-        """A counter of arrivals of `imm`: value, try_consume(n), wait(n, timeout)."""
+        """A counter of arrivals of `imm`: value, try_consume(n), wait(n, timeout).
+
+        Raises ferry.AlreadyExists when `imm` is already counted another way (an
+        expect_imm_count); remove_imm_count(imm) first to switch. Its waits raise
+        ferry.Cancelled once the engine stops.
+        """
         return self._e.imm_counter(imm)
 
     def on_imm(self, callback: Callable[[int], Any]) -> None:
@@ -514,7 +638,8 @@ class TransferEngine:
     def imm_counter_gpu(self, imm: int, count: int) -> int:
         """Address of a device-visible 32-bit flag: each time `count` more immediates `imm`
         arrived, the NIC worker stores the next generation (1, 2, ...) with a release store.
-        A kernel waits with ferry/device.cuh's wait_flag. Replaces any mapping of `imm`.
+        A kernel waits with ferry/device.cuh's wait_flag. How it combines with another
+        mapping of `imm` is the C++ engine's rule (TransferEngine::imm_counter_gpu).
         Raises ferry.Unimplemented in builds without CUDA."""
         return self._e.imm_counter_gpu(imm, count)
 

@@ -11,6 +11,7 @@ __all__ = [
     "FerryError",
     "Cancelled",
     "InvalidArgument",
+    "InvalidArgumentType",
     "Timeout",
     "DeadlineExceeded",
     "NotFound",
@@ -41,7 +42,7 @@ class FerryError(Exception):
 
 
 class Cancelled(FerryError):
-    """The engine stopped before the operation finished."""
+    """The engine stopped before the operation finished (a transfer, an ImmCounter.wait)."""
 
     code = "CANCELLED"
 
@@ -50,6 +51,13 @@ class InvalidArgument(FerryError, ValueError):
     """Malformed input: bad bytes, wrong dtype, non-contiguous array, bad routing."""
 
     code = "INVALID_ARGUMENT"
+
+
+class InvalidArgumentType(InvalidArgument, TypeError):
+    """An argument of the wrong type (code INVALID_ARGUMENT); the message names it.
+
+    Both an :class:`InvalidArgument` and a ``TypeError``, so either handler catches it.
+    """
 
 
 class Timeout(FerryError, TimeoutError):
@@ -71,7 +79,8 @@ class NotFound(FerryError, KeyError):
 
 
 class AlreadyExists(FerryError):
-    """Duplicate registration."""
+    """Duplicate registration, or an immediate already counted another way (an
+    ``imm_counter`` and an ``expect_imm_count`` on the same immediate)."""
 
     code = "ALREADY_EXISTS"
 
@@ -89,7 +98,8 @@ class FailedPrecondition(FerryError, RuntimeError):
 
 
 class OutOfRange(FerryError, IndexError):
-    """Offset plus length past a registered region."""
+    """Offset plus length past a registered region (also: an offset or length of 2**63 or
+    more, a page index of 2**32 or more, a group number past the engine's groups)."""
 
     code = "OUT_OF_RANGE"
 
@@ -118,6 +128,8 @@ class Aborted(FerryError, ConnectionError):
     code = "ABORTED"
 
 
+# One class per code (what the extension raises for a ferry::Error); InvalidArgumentType
+# shares INVALID_ARGUMENT and is raised by the extension for wrongly typed arguments.
 BY_CODE: dict[str, type[FerryError]] = {
     cls.code: cls
     for cls in (

@@ -3,7 +3,6 @@ Low-level bindings of the ferry transfer engine (use the `ferry` package).
 """
 
 from collections.abc import Callable, Sequence
-from typing import overload
 
 
 def make_error(code: str, message: str) -> object:
@@ -289,7 +288,7 @@ class ImmCounter:
 
     def wait(self, n: int = 1, timeout: float | None = None) -> None:
         """
-        Wait (GIL released) until n arrivals can be consumed, then consume them. Raises ferry.Timeout (consuming nothing) after `timeout` seconds; None waits forever.
+        Wait (GIL released) until n arrivals can be consumed, then consume them. Raises ferry.Timeout (consuming nothing) after `timeout` seconds; None waits forever. Raises ferry.Cancelled when the engine stops first.
         """
 
     def __repr__(self) -> str: ...
@@ -358,11 +357,7 @@ class Engine:
 
     def submit_imm(self, imm: int, dst: MrDesc, route: WriteRoute, future: object | None, on_done: object | None, counter: TransferCounter | None) -> int: ...
 
-    @overload
-    def add_peer_group(self, peers: Sequence[MrDesc]) -> int: ...
-
-    @overload
-    def add_peer_group(self, peers: Sequence[Sequence[NetAddr]]) -> int: ...
+    def add_peer_group(self, peers: list[MrDesc] | list[Sequence[NetAddr]]) -> int: ...
 
     def submit_scatter(self, src: MrHandle, dsts: Sequence[ScatterDst], imm: int | None, group: int | None, route: GroupRoute, future: object | None, on_done: object | None, counter: TransferCounter | None) -> int: ...
 
@@ -386,7 +381,10 @@ class Engine:
 __version__: str
 
 def _set_error_classes(classes: dict) -> None: ...
+def _set_type_error_class(cls: type) -> None: ...
 def _set_callback_error_hook(hook: Callable[[str, BaseException], object]) -> None: ...
+def _begin_exit() -> None: ...
+def _blocked_waits() -> int: ...
 
 class _GroupSpec:
     def __init__(self, device: str, nics: Sequence[str], worker_cpu: int) -> None: ...

@@ -41,8 +41,9 @@ async def wait_imm(counter: ImmCounter, n: int = 1, timeout: Optional[float] = N
 def expect_imm(engine: TransferEngine, imm: int, count: int = 1) -> "asyncio.Future[None]":
     """An asyncio future resolved once `count` immediates `imm` arrived.
 
-    It replaces any earlier expectation or counter for `imm` on this engine; call it
-    before the peer sends. The expectation stays installed (remove_imm_count to drop it).
+    Call it before the peer sends. It replaces an earlier expectation for `imm`; an
+    imm_counter for `imm` on this engine makes it raise ferry.AlreadyExists
+    (remove_imm_count first). The expectation stays installed (remove_imm_count to drop it).
     """
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()

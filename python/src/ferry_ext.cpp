@@ -8,7 +8,13 @@
 //    for each one (keeping one Python thread state for its whole life);
 //  * Python objects captured by C++ callbacks are held by PyRef, whose
 //    destructor takes the GIL when needed, so they can die on any thread;
-//  * stop() releases the GIL while the callback thread drains.
+//  * stop() releases the GIL while the callback thread drains;
+//  * a call that released the GIL re-takes it through retake_gil() (never a
+//    destructor), which parks daemon threads at interpreter exit instead
+//    (see "the GIL: release, re-take");
+//  * arguments arrive as Python objects and are converted here with errors
+//    that name them (InvalidArgument, OutOfRange; a wrong type raises
+//    InvalidArgumentType, both an InvalidArgument and a TypeError).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -23,12 +29,16 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -53,6 +63,128 @@ bool interpreter_alive() {
 #endif
   return Py_IsInitialized() && !finalizing && nb::is_alive();
 }
+
+// ------------------------------------------------------------------ the GIL: release, re-take
+//
+// At interpreter exit CPython makes a daemon thread that tries to re-take the
+// GIL leave through pthread_exit. Its forced unwind through a frame that cannot
+// unwind (a destructor such as gil_scoped_release's is noexcept; nanobind's
+// dispatcher swallows it with catch (...)) ends in std::terminate. So a call
+// that released the GIL re-takes it in retake_gil(), never in a destructor, and
+// at exit no daemon thread re-takes it at all (the engine's own threads are
+// joined by stop() in the same hook, before finalisation):
+//  * the package's atexit hook calls begin_exit() (ferry/_engine.py; before
+//    the interpreter finalises, so every thread can still take the GIL);
+//  * from then on a thread other than the exiting one that comes back from a
+//    GIL-released call parks for good instead of re-taking the GIL (the
+//    process is ending; it holds no lock of ours);
+//  * begin_exit() lets go of the GIL until the threads already on their way
+//    back to it have it, so none is left inside PyEval_RestoreThread when
+//    finalisation starts;
+//  * with no atexit hook run (embedding), a thread other than Python's main
+//    thread that finds the interpreter finalising parks as well.
+struct ExitGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<bool> exiting{false};  // written under mu
+  std::thread::id exit_thread;
+  int retaking = 0;              // threads between the check below and holding the GIL
+  unsigned long main_ident = 0;  // PyThread_get_thread_ident() of Python's main thread
+};
+
+ExitGate& exit_gate() {
+  static ExitGate* g = new ExitGate;  // never destroyed: parked threads may still look at it
+  return *g;
+}
+
+[[noreturn]] void park_forever() {
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
+}
+
+// Takes the GIL back after PyEval_SaveThread (or parks, see above).
+void retake_gil(PyThreadState* ts) {
+  ExitGate& g = exit_gate();
+  {
+    std::unique_lock lk(g.mu);
+    if (g.exiting ? std::this_thread::get_id() != g.exit_thread
+                  : !interpreter_alive() && PyThread_get_thread_ident() != g.main_ident) {
+      lk.unlock();
+      park_forever();
+    }
+    ++g.retaking;
+  }
+  PyEval_RestoreThread(ts);
+  std::lock_guard lk(g.mu);
+  if (--g.retaking == 0) g.cv.notify_all();
+}
+
+// Threads inside without_gil (at exit: the ones that will park, holding references).
+std::atomic<int> g_released{0};
+struct Released {
+  Released() { g_released.fetch_add(1, std::memory_order_relaxed); }
+  ~Released() { g_released.fetch_sub(1, std::memory_order_relaxed); }
+  Released(const Released&) = delete;
+  Released& operator=(const Released&) = delete;
+};
+
+// Runs f() with the GIL released; exceptions of f pass through (the GIL held again).
+template <typename F>
+auto without_gil(F&& f) -> std::invoke_result_t<F&> {
+  using R = std::invoke_result_t<F&>;
+  // Coming back, this thread will park (holding its arguments): no leak report.
+  if (exit_gate().exiting.load(std::memory_order_relaxed)) nb::set_leak_warnings(false);
+  Released released;
+  PyThreadState* ts = PyEval_SaveThread();
+  if constexpr (std::is_void_v<R>) {
+    try {
+      f();
+    } catch (...) {
+      retake_gil(ts);
+      throw;
+    }
+    retake_gil(ts);
+  } else {
+    std::optional<R> r;
+    try {
+      r.emplace(f());
+    } catch (...) {
+      retake_gil(ts);
+      throw;
+    }
+    retake_gil(ts);
+    return std::move(*r);
+  }
+}
+
+// The atexit hook's half (GIL held, on the thread that will finalise).
+void begin_exit() {
+  ExitGate& g = exit_gate();
+  {
+    std::lock_guard lk(g.mu);
+    if (g.exiting) return;
+    g.exiting = true;
+    g.exit_thread = std::this_thread::get_id();
+  }
+  PyThreadState* ts = PyEval_SaveThread();
+  {
+    std::unique_lock lk(g.mu);
+    // Bounded: a thread that got the GIL gives it back within the switch interval.
+    g.cv.wait_for(lk, std::chrono::seconds(5), [&] { return g.retaking == 0; });
+  }
+  PyEval_RestoreThread(ts);
+  // Threads still inside a call will park holding their arguments: nanobind would
+  // report those objects as leaked when the module goes.
+  if (g_released.load() > 0) nb::set_leak_warnings(false);
+}
+
+// Threads inside ImmCounter.wait / TransferCounter.wait (tests wait for them).
+std::atomic<int> g_blocked_waits{0};
+struct BlockedWait {
+  BlockedWait() { g_blocked_waits.fetch_add(1); }
+  ~BlockedWait() { g_blocked_waits.fetch_sub(1); }
+  BlockedWait(const BlockedWait&) = delete;
+  BlockedWait& operator=(const BlockedWait&) = delete;
+};
 
 // Depth of ferry callbacks running on this thread (the engine's callback thread).
 thread_local int t_callback_depth = 0;
@@ -161,6 +293,7 @@ nb::object make_error(const Status& s) {
 // callback is still queued when it goes.
 struct Shared {
   std::atomic<uint64_t> callback_errors{0};
+  std::atomic<bool> stopped{false};  // set by stop(): counter waits end with Cancelled
 };
 
 // Reports the pending Python error of a failed user callback (GIL held).
@@ -256,21 +389,177 @@ class ByteView {
   Py_buffer view_{};
 };
 
-uint64_t non_negative(int64_t v, const char* what) {
-  if (v < 0) invalid(std::string(what) + " must not be negative (got " + std::to_string(v) + ")");
-  return static_cast<uint64_t>(v);
+// ---- arguments
+//
+// Public calls take their arguments as Python objects and convert them here, so
+// that a bad one raises a ferry error naming it instead of nanobind's TypeError
+// listing a private signature. Integers are Python ints or anything with
+// __index__ (NumPy integers), never bool.
+
+// An argument of the wrong type: ferry.InvalidArgumentType (an InvalidArgument
+// that is also a TypeError).
+class ArgTypeError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+PyObject* g_type_error_class = nullptr;  // ferry._errors.InvalidArgumentType (leaked, as above)
+
+// The type's __name__ (as Python's own messages say it: "str", "ndarray", "MrDesc").
+std::string type_of(nb::handle v) {
+  PyObject* name =
+      PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(v.ptr())), "__name__");
+  if (name == nullptr || !PyUnicode_Check(name)) {
+    Py_XDECREF(name);
+    PyErr_Clear();
+    return Py_TYPE(v.ptr())->tp_name;
+  }
+  std::string r = PyUnicode_AsUTF8(name);
+  Py_DECREF(name);
+  return r;
 }
 
-uint32_t u32(int64_t v, const char* what) {
-  if (v < 0 || v > int64_t(UINT32_MAX))
-    invalid(std::string(what) + " must be in [0, 2**32) (got " + std::to_string(v) + ")");
-  return static_cast<uint32_t>(v);
+std::string py_str(nb::handle v) {
+  nb::object s = nb::steal(PyObject_Str(v.ptr()));
+  if (!s.is_valid()) {
+    PyErr_Clear();
+    return "?";
+  }
+  return nb::borrow<nb::str>(s).c_str();
 }
 
-std::optional<uint32_t> opt_u32(std::optional<int64_t> v, const char* what) {
-  if (!v) return std::nullopt;
-  return u32(*v, what);
+[[noreturn]] void wrong_type(const std::string& name, const char* expected, nb::handle got) {
+  throw ArgTypeError(name + " must be " + expected + ", got " + type_of(got));
 }
+
+// The value of an integer argument; overflow is -1 / +1 when it does not fit a long long.
+long long int_value(nb::handle v, const std::string& name, int& overflow) {
+  PyObject* o = v.ptr();
+  overflow = 0;
+  if (PyLong_CheckExact(o)) return PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (PyBool_Check(o) || !PyIndex_Check(o)) wrong_type(name, "an int", v);
+  nb::object i = nb::steal(PyNumber_Index(o));
+  if (!i.is_valid()) {
+    PyErr_Clear();
+    wrong_type(name, "an int", v);
+  }
+  return PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+}
+
+// An offset, length or stride in bytes: [0, 2**63). Negative: InvalidArgument;
+// 2**63 or more: OutOfRange (no registered region reaches that far).
+uint64_t byte_arg(nb::handle v, const std::string& name) {
+  int of = 0;
+  const long long x = int_value(v, name, of);
+  if (of == 0 && x >= 0) return uint64_t(x);
+  if (of < 0 || (of == 0 && x < 0)) invalid(name + " must not be negative (got " + py_str(v) + ")");
+  throw Error(Code::kOutOfRange, name + " " + py_str(v) +
+                                     " is past the end of any registered region (offsets and "
+                                     "lengths are below 2**63)");
+}
+
+// Any other integer: [lo, hi], else InvalidArgument ("must not be negative" below 0).
+int64_t int_arg(nb::handle v, const std::string& name, int64_t lo, int64_t hi, const char* range) {
+  int of = 0;
+  const long long x = int_value(v, name, of);
+  if (of == 0 && x >= lo && x <= hi) return x;
+  if (lo == 0 && (of < 0 || (of == 0 && x < 0)))
+    invalid(name + " must not be negative (got " + py_str(v) + ")");
+  invalid(name + " must be in " + range + " (got " + py_str(v) + ")");
+}
+
+uint64_t count_arg(nb::handle v, const std::string& name) {
+  return uint64_t(int_arg(v, name, 0, INT64_MAX, "[0, 2**63)"));
+}
+
+uint32_t u32_arg(nb::handle v, const std::string& name) {
+  return uint32_t(int_arg(v, name, 0, UINT32_MAX, "[0, 2**32)"));
+}
+
+std::optional<uint32_t> opt_u32_arg(nb::handle v, const std::string& name) {
+  if (!v.is_valid() || v.is_none()) return std::nullopt;
+  return u32_arg(v, name);
+}
+
+// A memory address: [0, 2**64).
+uint64_t addr_arg(nb::handle v, const std::string& name) {
+  int of = 0;
+  const long long x = int_value(v, name, of);
+  if (of == 0 && x >= 0) return uint64_t(x);
+  if (of > 0) {
+    nb::object i = nb::steal(PyNumber_Index(v.ptr()));
+    const unsigned long long u = i.is_valid() ? PyLong_AsUnsignedLongLong(i.ptr()) : 0;
+    if (i.is_valid() && !PyErr_Occurred()) return uint64_t(u);
+    PyErr_Clear();
+  }
+  invalid(name + " must be an address in [0, 2**64) (got " + py_str(v) + ")");
+}
+
+// Seconds to wait: None (no deadline) or a non-negative real number. More than
+// 10**9 s (31 years; also +inf) is no deadline, which keeps the clock arithmetic
+// from overflowing.
+std::optional<double> timeout_arg(nb::handle v, const std::string& name = "timeout") {
+  if (!v.is_valid() || v.is_none()) return std::nullopt;
+  PyObject* o = v.ptr();
+  double t = 0;
+  if (PyFloat_CheckExact(o)) {
+    t = PyFloat_AS_DOUBLE(o);
+  } else {
+    if (PyBool_Check(o) || !(PyFloat_Check(o) || PyIndex_Check(o) || PyNumber_Check(o)))
+      wrong_type(name, "a number of seconds or None", v);
+    if (PyIndex_Check(o)) {
+      int of = 0;
+      const long long x = int_value(v, name, of);
+      t = of > 0 ? 1e300 : of < 0 ? -1.0 : double(x);
+    } else {
+      t = PyFloat_AsDouble(o);
+      if (t == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        wrong_type(name, "a number of seconds or None", v);
+      }
+    }
+  }
+  if (!(t >= 0))
+    invalid(name + " must be a non-negative number of seconds or None (got " + py_str(v) + ")");
+  if (t > 1e9) return std::nullopt;
+  return t;
+}
+
+Clock::time_point deadline_after(std::optional<double> timeout) {
+  if (!timeout) return Clock::time_point::max();
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout));
+}
+
+// An instance of a bound class, else InvalidArgumentType naming the argument.
+template <typename T>
+T& obj_arg(nb::handle v, const std::string& name, const char* expected) {
+  if (!v.is_valid() || !nb::isinstance<T>(v)) wrong_type(name, expected, v);
+  return *nb::inst_ptr<T>(v);
+}
+
+std::string str_arg(nb::handle v, const std::string& name, const char* expected = "a str") {
+  if (!v.is_valid() || !PyUnicode_Check(v.ptr())) wrong_type(name, expected, v);
+  Py_ssize_t n = 0;
+  const char* p = PyUnicode_AsUTF8AndSize(v.ptr(), &n);
+  if (p == nullptr) throw nb::python_error();
+  return std::string(p, size_t(n));
+}
+
+// A callable (or, with allow_none, None: returns an invalid handle).
+nb::handle callable_arg(nb::handle v, const std::string& name, bool allow_none = false) {
+  if (allow_none && (!v.is_valid() || v.is_none())) return nb::handle();
+  if (!v.is_valid() || !PyCallable_Check(v.ptr()))
+    wrong_type(name, allow_none ? "a callable or None" : "a callable", v);
+  return v;
+}
+
+// Item k of a list (borrowed).
+nb::handle list_item(nb::handle list, size_t k) {
+  return PyList_GET_ITEM(list.ptr(), Py_ssize_t(k));
+}
+
+constexpr const char* kHandleType = "a ferry.MrHandle (from register())";
+constexpr const char* kDescType = "a ferry.MrDesc (the peer's descriptor)";
 
 std::string dtype_name(nb::dlpack::dtype t) {
   const char* kinds[] = {"int", "uint", "float", "?", "bfloat", "complex", "bool"};
@@ -278,32 +567,42 @@ std::string dtype_name(nb::dlpack::dtype t) {
   return k + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
 }
 
-// Page indices: a 1-D int32/uint32/int64/uint64 array in host memory (NumPy,
-// torch, anything exposing DLPack or the buffer protocol) converted with one
-// copy; lists, tuples and ranges of ints are accepted too (slower).
+// Page indices: a 1-D int32, uint32, int64 or uint64 array in host memory
+// (NumPy, torch, anything exposing DLPack or the buffer protocol) converted with
+// one copy; lists, tuples and ranges of ints are accepted too (slower). A
+// negative index raises InvalidArgument, one of 2**32 or more OutOfRange (the
+// engine's page indices are 32-bit), both naming the side and the position.
+[[noreturn]] void bad_page_index(const char* side, size_t i, const std::string& v, bool negative) {
+  const std::string msg = std::string(side) + " pages: index " + v + " at position " +
+                          std::to_string(i) + " is outside [0, 2**32)";
+  if (negative) invalid(msg);
+  throw Error(Code::kOutOfRange, msg);
+}
+
 std::vector<uint32_t> page_indices(nb::handle obj, const char* side) {
   std::vector<uint32_t> out;
   if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr()) || PyRange_Check(obj.ptr())) {
     nb::sequence seq = nb::borrow<nb::sequence>(obj);
     out.reserve(nb::len(seq));
     for (nb::handle item : seq) {
-      int64_t v = 0;
-      if (!nb::try_cast(item, v, false))
-        invalid(std::string(side) + " pages: expected ints, got " +
-                nb::type_name(item.type()).c_str());
-      if (v < 0 || v > int64_t(UINT32_MAX))
-        invalid(std::string(side) + " pages: index " + std::to_string(v) + " at position " +
-                std::to_string(out.size()) + " is outside [0, 2**32)");
+      PyObject* o = item.ptr();
+      if (PyBool_Check(o) || !PyIndex_Check(o))
+        wrong_type(std::string(side) + " pages[" + std::to_string(out.size()) + "]", "an int",
+                   item);
+      int of = 0;
+      const long long v = int_value(item, "page index", of);
+      if (of != 0 || v < 0 || v > (long long)UINT32_MAX)
+        bad_page_index(side, out.size(), py_str(item), of < 0 || (of == 0 && v < 0));
       out.push_back(uint32_t(v));
     }
     return out;
   }
   nb::ndarray<nb::ro> a;
   if (!nb::try_cast(obj, a, false))
-    invalid(std::string(side) +
-            " pages: expected a 1-D int32/uint32/int64 array (NumPy, torch, "
-            "DLPack or buffer protocol) or a list of ints, got " +
-            nb::type_name(obj.type()).c_str());
+    wrong_type(std::string(side) + " pages",
+               "a 1-D int32, uint32, int64 or uint64 array (NumPy, torch, DLPack or buffer "
+               "protocol) or a list of ints",
+               obj);
   if (a.device_type() != nb::device::cpu::value)
     invalid(std::string(side) + " pages must be in host memory (got a device array)");
   if (a.ndim() != 1)
@@ -317,14 +616,10 @@ std::vector<uint32_t> page_indices(nb::handle obj, const char* side) {
   const bool is_int = t.code == uint8_t(nb::dlpack::dtype_code::Int);
   const bool is_uint = t.code == uint8_t(nb::dlpack::dtype_code::UInt);
   if (t.lanes != 1 || !(is_int || is_uint) || (t.bits != 32 && t.bits != 64))
-    invalid(std::string(side) + " pages: dtype must be int32, uint32 or int64 (got " +
+    invalid(std::string(side) + " pages: dtype must be int32, uint32, int64 or uint64 (got " +
             dtype_name(t) + ")");
   out.resize(n);
   if (n == 0) return out;
-  auto out_of_range = [&](size_t i, long long v) {
-    invalid(std::string(side) + " pages: index " + std::to_string(v) + " at position " +
-            std::to_string(i) + " is outside [0, 2**32)");
-  };
   if (t.bits == 32) {
     std::memcpy(out.data(), a.data(), n * 4);
     if (is_int) {
@@ -332,13 +627,17 @@ std::vector<uint32_t> page_indices(nb::handle obj, const char* side) {
       for (uint32_t v : out) acc |= v;
       if (acc & 0x80000000u) {
         for (size_t i = 0; i < n; ++i)
-          if (out[i] & 0x80000000u) out_of_range(i, int32_t(out[i]));
+          if (out[i] & 0x80000000u) bad_page_index(side, i, std::to_string(int32_t(out[i])), true);
       }
     }
   } else {
     const auto* p = static_cast<const uint64_t*>(a.data());
     for (size_t i = 0; i < n; ++i) {
-      if (p[i] > UINT32_MAX) out_of_range(i, is_int ? (long long)(int64_t)p[i] : (long long)p[i]);
+      if (p[i] > UINT32_MAX) {
+        const bool negative = is_int && int64_t(p[i]) < 0;
+        bad_page_index(side, i, is_int ? std::to_string(int64_t(p[i])) : std::to_string(p[i]),
+                       negative);
+      }
       out[i] = uint32_t(p[i]);
     }
   }
@@ -359,28 +658,31 @@ struct PyMrHandle {
 
 class PyImmCounter {
  public:
-  PyImmCounter(ImmCounter c, uint32_t imm) : c_(std::move(c)), imm_(imm) {}
+  PyImmCounter(ImmCounter c, uint32_t imm, std::shared_ptr<Shared> sh)
+      : c_(std::move(c)), imm_(imm), sh_(std::move(sh)) {}
   int64_t value() const { return c_.value(); }
-  bool try_consume(int64_t n) { return c_.try_consume(int64_t(non_negative(n, "n"))); }
-  // Waits in slices so that Ctrl-C (signals) still reaches Python.
-  void wait(int64_t n, std::optional<double> timeout) {
-    non_negative(n, "n");
-    if (timeout && !(*timeout >= 0)) invalid("timeout must be a non-negative number of seconds");
-    const auto start = Clock::now();
-    const auto deadline = timeout ? start + std::chrono::duration_cast<Clock::duration>(
-                                                std::chrono::duration<double>(*timeout))
-                                  : Clock::time_point::max();
+  bool try_consume(nb::handle n) { return c_.try_consume(int64_t(count_arg(n, "n"))); }
+  // A loop of bounded waits with the GIL released: between slices it notices
+  // Ctrl-C (signals) and its engine stopping (Cancelled, also when the C++
+  // counter does not say so itself).
+  void wait(nb::handle n_arg, nb::handle timeout_arg_) {
+    const auto n = int64_t(count_arg(n_arg, "n"));
+    const auto timeout = timeout_arg(timeout_arg_);
+    const auto deadline = deadline_after(timeout);
+    BlockedWait blocked;
     for (;;) {
-      auto now = Clock::now();
-      auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(100));
-      if (slice < Clock::duration::zero()) slice = Clock::duration::zero();
-      Status st;
-      {
-        nb::gil_scoped_release release;
-        st = c_.wait(n, slice);
+      if (sh_->stopped.load(std::memory_order_acquire)) {  // arrivals already there still count
+        if (c_.try_consume(n)) return;
+        throw Error(Code::kCancelled, "ImmCounter(" + std::to_string(imm_) + ").wait(" +
+                                          std::to_string(n) + "): the engine stopped; only " +
+                                          std::to_string(c_.value()) + " arrival(s)");
       }
+      auto slice = std::min<Clock::duration>(deadline - Clock::now(), kSlice);
+      if (slice < Clock::duration::zero()) slice = Clock::duration::zero();
+      const Status st = without_gil([&] { return c_.wait(n, slice); });
       if (st.is_ok()) return;
-      if (st.code() != Code::kDeadlineExceeded) throw Error(st);
+      if (st.code() != Code::kDeadlineExceeded) throw Error(st);   // kCancelled: Cancelled
+      if (sh_->stopped.load(std::memory_order_acquire)) continue;  // Cancelled, above
       if (Clock::now() >= deadline) {
         throw Error(Code::kDeadlineExceeded, "ImmCounter(" + std::to_string(imm_) + ").wait(" +
                                                  std::to_string(n) + "): only " +
@@ -393,8 +695,10 @@ class PyImmCounter {
   uint32_t imm() const { return imm_; }
 
  private:
+  static constexpr std::chrono::milliseconds kSlice{100};
   ImmCounter c_;
   uint32_t imm_;
+  std::shared_ptr<Shared> sh_;
 };
 
 // Counts completions without any Python on the completion path (bulk use):
@@ -408,18 +712,17 @@ class PyTransferCounter {
   PyTransferCounter() : s_(std::make_shared<State>()) {}
   uint64_t done() const { return s_->done.load(); }
   uint64_t errors() const { return s_->errors.load(); }
-  void wait(uint64_t n, std::optional<double> timeout) {
-    if (timeout && !(*timeout >= 0)) invalid("timeout must be a non-negative number of seconds");
-    const auto deadline = timeout ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                       std::chrono::duration<double>(*timeout))
-                                  : Clock::time_point::max();
+  void wait(nb::handle n_arg, nb::handle timeout_arg_) {
+    const uint64_t n = count_arg(n_arg, "n");
+    const auto timeout = timeout_arg(timeout_arg_);
+    const auto deadline = deadline_after(timeout);
+    BlockedWait blocked;
     auto last_signal_check = Clock::now();
     while (s_->done.load(std::memory_order_acquire) < n) {
-      {
-        nb::gil_scoped_release release;
+      without_gil([&] {
         for (int i = 0; i < 200 && s_->done.load(std::memory_order_acquire) < n; ++i)
           std::this_thread::sleep_for(std::chrono::microseconds(i < 50 ? 0 : 50));
-      }
+      });
       auto now = Clock::now();
       if (s_->done.load() >= n) break;
       if (now >= deadline)
@@ -475,10 +778,7 @@ class PyEngine {
       c.default_deadline = std::chrono::milliseconds(1);
     c.send_buffer_size = send_buffer_size;
     c.send_buffer_count = send_buffer_count;
-    {
-      nb::gil_scoped_release release;
-      engine_ = std::make_unique<TransferEngine>(std::move(c));
-    }
+    engine_ = without_gil([&] { return std::make_unique<TransferEngine>(std::move(c)); });
     for (size_t g = 0; g < engine_->num_groups(); ++g) addresses_.push_back(engine_->addresses(g));
     provider_ = engine_->provider();
     nics_ = engine_->nics_per_group();
@@ -491,7 +791,8 @@ class PyEngine {
 
   // --- identity (cached: still readable after stop())
   const NetAddr& main_address() const { return addresses_.at(0).at(0); }
-  std::vector<NetAddr> addresses(size_t group) const {
+  std::vector<NetAddr> addresses(nb::handle group_arg) const {
+    const auto group = size_t(count_arg(group_arg, "group"));
     if (group >= addresses_.size())
       throw Error(Code::kOutOfRange,
                   "group " + std::to_string(group) + " of " + std::to_string(addresses_.size()));
@@ -505,15 +806,14 @@ class PyEngine {
   bool stopped() const { return stopped_; }
 
   // --- memory
-  nb::tuple register_memory(uint64_t ptr, uint64_t len, const std::string& device, nb::object owner,
-                            bool writable) {
+  nb::tuple register_memory(nb::handle ptr_arg, nb::handle len_arg, nb::handle device_arg,
+                            nb::object owner, bool writable) {
+    const uint64_t ptr = addr_arg(ptr_arg, "ptr");
+    const uint64_t len = byte_arg(len_arg, "length");
+    const Device d =
+        parse_device(str_arg(device_arg, "device", "a device name (\"cpu\" or \"cuda:N\")"));
     check_running();
-    Device d = parse_device(device);
-    std::pair<MrHandle, MrDesc> r;
-    {
-      nb::gil_scoped_release release;
-      r = engine_->reg_mr(reinterpret_cast<void*>(ptr), len, d);
-    }
+    auto r = without_gil([&] { return engine_->reg_mr(reinterpret_cast<void*>(ptr), len, d); });
     auto h = std::make_unique<PyMrHandle>();
     h->h = r.first;
     h->len = len;
@@ -526,27 +826,28 @@ class PyEngine {
     return nb::make_tuple(nb::cast(h.release(), nb::rv_policy::take_ownership), desc);
   }
 
-  void unregister(PyMrHandle& h) {
+  void unregister(nb::handle handle) {
+    PyMrHandle& h = obj_arg<PyMrHandle>(handle, "handle", kHandleType);
     check_running();
-    {
-      nb::gil_scoped_release release;
-      engine_->unreg_mr(h.h);
-    }
+    without_gil([&] { engine_->unreg_mr(h.h); });
     h.registered = false;
     owners_.erase(h.h.id);
   }
 
   // --- two-sided
-  uint64_t submit_send(const NetAddr& addr, nb::handle data, nb::handle future, nb::handle on_done,
-                       PyTransferCounter* counter) {
+  uint64_t submit_send(nb::handle addr_obj, nb::handle data, nb::handle future, nb::handle on_done,
+                       nb::handle counter) {
+    const NetAddr& addr =
+        obj_arg<NetAddr>(addr_obj, "addr", "a ferry.NetAddr (the peer's main_address)");
     check_running();
     ByteView bytes(data, "submit_send");
     OnDone done = completion(future, on_done, counter);
-    nb::gil_scoped_release release;
-    return engine_->submit_send(addr, bytes.span(), std::move(done));
+    return without_gil([&] { return engine_->submit_send(addr, bytes.span(), std::move(done)); });
   }
 
-  void submit_recvs(int64_t len, int64_t count, nb::callable cb) {
+  void submit_recvs(nb::handle len_arg, nb::handle count_arg_, nb::handle cb_arg) {
+    const uint64_t l = byte_arg(len_arg, "length"), n = count_arg(count_arg_, "count");
+    nb::handle cb = callable_arg(cb_arg, "callback");
     check_running();
     auto slot = add_slot(cb);
     auto sh = shared_;
@@ -568,149 +869,201 @@ class PyEngine {
         if (ok) release_view(mv, true);
       });
     };
-    uint64_t l = non_negative(len, "length"), n = non_negative(count, "count");
-    nb::gil_scoped_release release;
-    engine_->submit_recvs(l, n, std::move(f));
+    without_gil([&] { engine_->submit_recvs(l, n, std::move(f)); });
   }
 
   // --- one-sided
-  uint64_t submit_write(const PyMrHandle& src, int64_t src_offset, int64_t len, const MrDesc& dst,
-                        int64_t dst_offset, std::optional<int64_t> imm, const WriteRoute& route,
-                        nb::handle future, nb::handle on_done, PyTransferCounter* counter) {
+  uint64_t submit_write(nb::handle src_arg, nb::handle src_offset, nb::handle len,
+                        nb::handle dst_arg, nb::handle dst_offset, nb::handle imm,
+                        nb::handle route_arg, nb::handle future, nb::handle on_done,
+                        nb::handle counter) {
+    const PyMrHandle& src = obj_arg<PyMrHandle>(src_arg, "src", kHandleType);
+    const auto so = byte_arg(src_offset, "src_offset");
+    const auto l = byte_arg(len, "length");
+    const MrDesc& dst = obj_arg<MrDesc>(dst_arg, "dst", kDescType);
+    const auto doff = byte_arg(dst_offset, "dst_offset");
+    const auto i = opt_u32_arg(imm, "imm");
+    const WriteRoute& route = obj_arg<WriteRoute>(route_arg, "route", "a ferry.WriteRoute or None");
     check_running();
     check_handle(src);
-    auto so = non_negative(src_offset, "src_offset"), l = non_negative(len, "length"),
-         doff = non_negative(dst_offset, "dst_offset");
-    auto i = opt_u32(imm, "imm");
     OnDone done = completion(future, on_done, counter);
-    nb::gil_scoped_release release;
-    return engine_->submit_single_write(l, i, src.h, so, dst, doff, std::move(done), route);
+    return without_gil([&] {
+      return engine_->submit_single_write(l, i, src.h, so, dst, doff, std::move(done), route);
+    });
   }
 
-  uint64_t submit_paged_writes(int64_t page_len, const PyMrHandle& src, nb::handle src_pages,
-                               int64_t src_stride, int64_t src_offset, const MrDesc& dst,
-                               nb::handle dst_pages, int64_t dst_stride, int64_t dst_offset,
-                               std::optional<int64_t> imm, nb::handle future, nb::handle on_done,
-                               PyTransferCounter* counter) {
+  uint64_t submit_paged_writes(nb::handle page_len, nb::handle src_arg, nb::handle src_pages,
+                               nb::handle src_stride, nb::handle src_offset, nb::handle dst_arg,
+                               nb::handle dst_pages, nb::handle dst_stride, nb::handle dst_offset,
+                               nb::handle imm, nb::handle future, nb::handle on_done,
+                               nb::handle counter) {
+    const auto pl = byte_arg(page_len, "page_len");
+    const PyMrHandle& src = obj_arg<PyMrHandle>(src_arg, "src", kHandleType);
+    const auto sstride = byte_arg(src_stride, "src_stride");
+    const auto soff = byte_arg(src_offset, "src_offset");
+    const MrDesc& dst = obj_arg<MrDesc>(dst_arg, "dst", kDescType);
+    const auto dstride = byte_arg(dst_stride, "dst_stride");
+    const auto doff = byte_arg(dst_offset, "dst_offset");
+    const auto i = opt_u32_arg(imm, "imm");
     check_running();
     check_handle(src);
-    Pages sp{page_indices(src_pages, "source"), non_negative(src_stride, "src_stride"),
-             non_negative(src_offset, "src_offset")};
-    Pages dp{page_indices(dst_pages, "destination"), non_negative(dst_stride, "dst_stride"),
-             non_negative(dst_offset, "dst_offset")};
-    auto pl = non_negative(page_len, "page_len");
-    auto i = opt_u32(imm, "imm");
+    Pages sp{page_indices(src_pages, "source"), sstride, soff};
+    Pages dp{page_indices(dst_pages, "destination"), dstride, doff};
     OnDone done = completion(future, on_done, counter);
-    nb::gil_scoped_release release;
-    return engine_->submit_paged_writes(pl, i, src.h, std::move(sp), dst, std::move(dp),
-                                        std::move(done));
+    return without_gil([&] {
+      return engine_->submit_paged_writes(pl, i, src.h, std::move(sp), dst, std::move(dp),
+                                          std::move(done));
+    });
   }
 
-  uint64_t submit_imm(int64_t imm, const MrDesc& dst, const WriteRoute& route, nb::handle future,
-                      nb::handle on_done, PyTransferCounter* counter) {
+  uint64_t submit_imm(nb::handle imm, nb::handle dst_arg, nb::handle route_arg, nb::handle future,
+                      nb::handle on_done, nb::handle counter) {
+    const auto i = u32_arg(imm, "imm");
+    const MrDesc& dst = obj_arg<MrDesc>(dst_arg, "dst", kDescType);
+    const WriteRoute& route = obj_arg<WriteRoute>(route_arg, "route", "a ferry.WriteRoute or None");
     check_running();
-    auto i = u32(imm, "imm");
     OnDone done = completion(future, on_done, counter);
-    nb::gil_scoped_release release;
-    return engine_->submit_imm(i, dst, std::move(done), route);
+    return without_gil([&] { return engine_->submit_imm(i, dst, std::move(done), route); });
   }
 
   // --- peer groups
-  uint32_t add_peer_group_descs(const std::vector<MrDesc>& peers) {
+  // peers: a list of MrDesc, or a list of lists of NetAddr (every NIC of each peer).
+  uint32_t add_peer_group(nb::handle peers_arg) {
+    if (!PyList_Check(peers_arg.ptr())) wrong_type("peers", "a list", peers_arg);
+    nb::list peers = nb::borrow<nb::list>(peers_arg);
+    const size_t n = nb::len(peers);
+    if (n > 0 && nb::isinstance<MrDesc>(list_item(peers, 0))) {
+      std::vector<MrDesc> descs;
+      descs.reserve(n);
+      for (size_t k = 0; k < n; ++k)
+        descs.push_back(obj_arg<MrDesc>(list_item(peers, k), "peers[" + std::to_string(k) + "]",
+                                        "a ferry.MrDesc like peers[0]"));
+      check_running();
+      return without_gil([&] { return engine_->add_peer_group(descs); });
+    }
+    std::vector<std::vector<NetAddr>> addrs(n);
+    for (size_t k = 0; k < n; ++k) {
+      nb::handle p = list_item(peers, k);
+      const std::string name = "peers[" + std::to_string(k) + "]";
+      if (!PyList_Check(p.ptr()) && !PyTuple_Check(p.ptr()))
+        wrong_type(name, "a ferry.MrDesc or a list of the peer's ferry.NetAddr", p);
+      nb::sequence seq = nb::borrow<nb::sequence>(p);
+      size_t j = 0;
+      for (nb::handle a : seq)
+        addrs[k].push_back(
+            obj_arg<NetAddr>(a, name + "[" + std::to_string(j++) + "]", "a ferry.NetAddr"));
+    }
     check_running();
-    nb::gil_scoped_release release;
-    return engine_->add_peer_group(peers);
-  }
-  uint32_t add_peer_group_addrs(const std::vector<std::vector<NetAddr>>& peers) {
-    check_running();
-    nb::gil_scoped_release release;
-    return engine_->add_peer_group(peers);
+    return without_gil([&] { return engine_->add_peer_group(addrs); });
   }
 
-  uint64_t submit_scatter(const PyMrHandle& src, std::vector<ScatterDst> dsts,
-                          std::optional<int64_t> imm, std::optional<int64_t> group,
-                          const GroupRoute& route, nb::handle future, nb::handle on_done,
-                          PyTransferCounter* counter) {
+  uint64_t submit_scatter(nb::handle src_arg, nb::handle dsts_arg, nb::handle imm, nb::handle group,
+                          nb::handle route_arg, nb::handle future, nb::handle on_done,
+                          nb::handle counter) {
+    const PyMrHandle& src = obj_arg<PyMrHandle>(src_arg, "src", kHandleType);
+    if (!PyList_Check(dsts_arg.ptr())) wrong_type("dsts", "a list of ferry.ScatterDst", dsts_arg);
+    nb::list dl = nb::borrow<nb::list>(dsts_arg);
+    std::vector<ScatterDst> dsts;
+    dsts.reserve(nb::len(dl));
+    for (size_t k = 0, n = nb::len(dl); k < n; ++k)
+      dsts.push_back(obj_arg<ScatterDst>(list_item(dl, k), "scatter target " + std::to_string(k),
+                                         "a ferry.ScatterDst"));
+    const auto i = opt_u32_arg(imm, "imm");
+    const auto g = opt_u32_arg(group, "group");
+    const GroupRoute& route = obj_arg<GroupRoute>(route_arg, "route", "a ferry.GroupRoute or None");
     check_running();
     check_handle(src);
-    auto i = opt_u32(imm, "imm");
-    auto g = opt_u32(group, "group");
     OnDone done = completion(future, on_done, counter);
-    nb::gil_scoped_release release;
-    return engine_->submit_scatter(g, std::move(done), i, src.h, std::move(dsts), route);
+    return without_gil([&] {
+      return engine_->submit_scatter(g, std::move(done), i, src.h, std::move(dsts), route);
+    });
   }
 
-  uint64_t submit_barrier(int64_t imm, std::vector<MrDesc> dsts, std::optional<int64_t> group,
-                          const GroupRoute& route, nb::handle future, nb::handle on_done,
-                          PyTransferCounter* counter) {
+  uint64_t submit_barrier(nb::handle imm, nb::handle dsts_arg, nb::handle group,
+                          nb::handle route_arg, nb::handle future, nb::handle on_done,
+                          nb::handle counter) {
+    const auto i = u32_arg(imm, "imm");
+    if (!PyList_Check(dsts_arg.ptr())) wrong_type("dsts", "a list of ferry.MrDesc", dsts_arg);
+    nb::list dl = nb::borrow<nb::list>(dsts_arg);
+    std::vector<MrDesc> dsts;
+    dsts.reserve(nb::len(dl));
+    for (size_t k = 0, n = nb::len(dl); k < n; ++k)
+      dsts.push_back(
+          obj_arg<MrDesc>(list_item(dl, k), "dsts[" + std::to_string(k) + "]", kDescType));
+    const auto g = opt_u32_arg(group, "group");
+    const GroupRoute& route = obj_arg<GroupRoute>(route_arg, "route", "a ferry.GroupRoute or None");
     check_running();
-    auto i = u32(imm, "imm");
-    auto g = opt_u32(group, "group");
     OnDone done = completion(future, on_done, counter);
-    nb::gil_scoped_release release;
-    return engine_->submit_barrier(g, std::move(done), i, std::move(dsts), route);
+    return without_gil(
+        [&] { return engine_->submit_barrier(g, std::move(done), i, std::move(dsts), route); });
   }
 
   // --- immediates
-  void expect_imm_count(int64_t imm, int64_t count, nb::callable cb) {
+  void expect_imm_count(nb::handle imm, nb::handle count, nb::handle cb_arg) {
+    const auto i = u32_arg(imm, "imm");
+    const auto n = u32_arg(count, "count");
+    nb::handle cb = callable_arg(cb_arg, "callback");
     check_running();
-    auto i = u32(imm, "imm");
-    auto n = u32(count, "count");
     auto slot = add_slot(cb);
     auto sh = shared_;
-    nb::gil_scoped_release release;
-    engine_->expect_imm_count(i, n, [slot, sh] {
-      run_py(*sh, "expect_imm_count callback", [&] {
-        if (slot->fn) slot->fn.get()();
+    without_gil([&] {
+      engine_->expect_imm_count(i, n, [slot, sh] {
+        run_py(*sh, "expect_imm_count callback", [&] {
+          if (slot->fn) slot->fn.get()();
+        });
       });
     });
   }
 
-  void remove_imm_count(int64_t imm) {
+  void remove_imm_count(nb::handle imm) {
+    const auto i = u32_arg(imm, "imm");
     check_running();
-    engine_->remove_imm_count(u32(imm, "imm"));
+    engine_->remove_imm_count(i);
   }
 
-  PyImmCounter imm_counter(int64_t imm) {
+  PyImmCounter imm_counter(nb::handle imm) {
+    const auto i = u32_arg(imm, "imm");
     check_running();
-    auto i = u32(imm, "imm");
-    return PyImmCounter(engine_->imm_counter(i), i);
+    return PyImmCounter(engine_->imm_counter(i), i, shared_);
   }
 
-  void on_imm(nb::callable cb) {
+  void on_imm(nb::handle cb_arg) {
+    nb::handle cb = callable_arg(cb_arg, "callback");
     check_running();
     auto slot = add_slot(cb);
     auto sh = shared_;
-    nb::gil_scoped_release release;
-    engine_->on_imm([slot, sh](uint32_t imm) {
-      run_py(*sh, "on_imm callback", [&] {
-        if (slot->fn) slot->fn.get()(imm);
+    without_gil([&] {
+      engine_->on_imm([slot, sh](uint32_t imm) {
+        run_py(*sh, "on_imm callback", [&] {
+          if (slot->fn) slot->fn.get()(imm);
+        });
       });
     });
   }
 
   // --- GPU signalling (builds without CUDA raise Unimplemented)
-  uintptr_t alloc_uvm_watcher(nb::callable cb) {
+  uintptr_t alloc_uvm_watcher(nb::handle cb_arg) {
+    nb::handle cb = callable_arg(cb_arg, "callback");
     check_running();
     auto slot = add_slot(cb);
     auto sh = shared_;
-    nb::gil_scoped_release release;
-    uint64_t* word = engine_->alloc_uvm_watcher([slot, sh](uint64_t old_v, uint64_t new_v) {
-      bool keep = false;  // an exception releases the watcher
-      run_py(*sh, "uvm watcher callback", [&] {
-        if (slot->fn) keep = nb::cast<bool>(slot->fn.get()(old_v, new_v));
+    uint64_t* word = without_gil([&] {
+      return engine_->alloc_uvm_watcher([slot, sh](uint64_t old_v, uint64_t new_v) {
+        bool keep = false;  // an exception releases the watcher
+        run_py(*sh, "uvm watcher callback", [&] {
+          if (slot->fn) keep = nb::cast<bool>(slot->fn.get()(old_v, new_v));
+        });
+        return keep;
       });
-      return keep;
     });
     return reinterpret_cast<uintptr_t>(word);
   }
 
-  uintptr_t imm_counter_gpu(int64_t imm, int64_t count) {
+  uintptr_t imm_counter_gpu(nb::handle imm, nb::handle count) {
+    const auto i = u32_arg(imm, "imm");
+    const auto n = u32_arg(count, "count");
     check_running();
-    auto i = u32(imm, "imm");
-    auto n = u32(count, "count");
-    nb::gil_scoped_release release;
-    return reinterpret_cast<uintptr_t>(engine_->imm_counter_gpu(i, n));
+    return reinterpret_cast<uintptr_t>(without_gil([&] { return engine_->imm_counter_gpu(i, n); }));
   }
 
   void stop() {
@@ -755,16 +1108,17 @@ class PyEngine {
   // The OnDone for one submit: nothing, a C++ counter (no Python at all on
   // completion), or a callback that resolves the future and calls on_done
   // with None or the ferry exception, on the callback thread.
-  OnDone completion(nb::handle future, nb::handle on_done, PyTransferCounter* counter) {
+  OnDone completion(nb::handle future, nb::handle on_done, nb::handle counter_arg) {
     const bool has_future = future.is_valid() && !future.is_none();
-    const bool has_cb = on_done.is_valid() && !on_done.is_none();
-    if (counter != nullptr) {
+    const bool has_cb = callable_arg(on_done, "on_done", true).is_valid();
+    if (counter_arg.is_valid() && !counter_arg.is_none()) {
+      PyTransferCounter& counter =
+          obj_arg<PyTransferCounter>(counter_arg, "counter", "a ferry.TransferCounter or None");
       if (has_cb || has_future) invalid("counter= cannot be combined with on_done= or a Transfer");
-      counters_.insert(counter->state());  // the worker writes the atomics: keep them alive
-      return OnDone::counter(counter->state()->done, &counter->state()->errors);
+      counters_.insert(counter.state());  // the worker writes the atomics: keep them alive
+      return OnDone::counter(counter.state()->done, &counter.state()->errors);
     }
     if (!has_future && !has_cb) return OnDone::none();
-    if (has_cb && !PyCallable_Check(on_done.ptr())) invalid("on_done must be callable or None");
     struct Completion {
       PyRef future, on_done;
       std::shared_ptr<Shared> sh;
@@ -793,6 +1147,7 @@ class PyEngine {
   void shutdown() {
     if (!engine_ || stopped_) return;
     stopped_ = true;
+    shared_->stopped.store(true, std::memory_order_release);  // counter waits: Cancelled
     for (auto& s : slots_) s->fn.reset();
     slots_.clear();
     if (t_callback_depth > 0) {
@@ -809,10 +1164,8 @@ class PyEngine {
       }).detach();
       return;
     }
-    {
-      nb::gil_scoped_release release;
-      engine_->stop();  // the callback thread drains (taking the GIL) and joins
-    }
+    // The callback thread drains (taking the GIL) and joins.
+    without_gil([&] { engine_->stop(); });
     owners_.clear();
   }
 
@@ -879,8 +1232,7 @@ nb::tuple describe_buffer(nb::handle obj) {
 nb::tuple probe_provider(const std::string& prov) {
   std::vector<std::tuple<std::string, std::string, std::string, bool>> domains;
   std::string error;
-  {
-    nb::gil_scoped_release release;
+  without_gil([&] {
     fi_info* hints = fi_allocinfo();
     if (hints == nullptr) {
       error = "fi_allocinfo failed";
@@ -910,7 +1262,7 @@ nb::tuple probe_provider(const std::string& prov) {
         fi_freeinfo(list);
       }
     }
-  }
+  });
   return nb::make_tuple(error, nb::cast(domains));
 }
 
@@ -968,9 +1320,8 @@ std::string group_route_repr(const GroupRoute& r) {
   return "GroupRoute(?)";
 }
 
-uint8_t nic_index(int64_t nic) {
-  if (nic < 0 || nic > 255) invalid("nic must be in [0, 255] (got " + std::to_string(nic) + ")");
-  return uint8_t(nic);
+uint8_t nic_index(nb::handle nic, const char* name) {
+  return uint8_t(int_arg(nic, name, 0, 255, "[0, 255]"));
 }
 
 }  // namespace
@@ -989,14 +1340,25 @@ NB_MODULE(_ferry, m) {
     } catch (const Error& e) {
       nb::object exc = make_error(e.status());
       PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    } catch (const ArgTypeError& e) {
+      PyObject* cls = g_type_error_class ? g_type_error_class : PyExc_TypeError;
+      nb::object exc = nb::handle(cls)(nb::str(e.what()));
+      if (g_type_error_class) exc.attr("code") = nb::str("INVALID_ARGUMENT");
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
     }
   });
 
+  exit_gate().main_ident = nb::cast<unsigned long>(
+      nb::module_::import_("threading").attr("main_thread")().attr("ident"));
+
   // Drop the Python objects held in C++ globals before the interpreter tears
-  // modules down (registered first: runs after ferry's own atexit handlers).
+  // modules down (registered first: runs after ferry's own atexit handlers,
+  // which call _begin_exit themselves; calling it again does nothing).
   nb::module_::import_("atexit").attr("register")(nb::cpp_function([] {
+    begin_exit();
     Py_CLEAR(g_error_hook);
     Py_CLEAR(g_error_classes);
+    Py_CLEAR(g_type_error_class);
   }));
 
   m.def(
@@ -1006,6 +1368,19 @@ NB_MODULE(_ferry, m) {
         g_error_classes = classes.inc_ref().ptr();
       },
       "classes"_a, "Installs the exception class of every status code name (ferry/_errors.py).");
+  m.def(
+      "_set_type_error_class",
+      [](nb::handle cls) {
+        Py_XDECREF(g_type_error_class);
+        g_type_error_class = cls.inc_ref().ptr();
+      },
+      "cls"_a, "Installs the exception class of wrongly typed arguments (InvalidArgumentType).");
+  m.def("_begin_exit", &begin_exit,
+        "Called at interpreter exit (atexit): from now on threads coming back from a ferry call "
+        "that released the GIL park instead of re-taking it.");
+  m.def(
+      "_blocked_waits", [] { return g_blocked_waits.load(); },
+      "Threads inside ImmCounter.wait or TransferCounter.wait (for tests).");
   m.def(
       "_set_callback_error_hook",
       [](nb::callable hook) {
@@ -1057,7 +1432,9 @@ NB_MODULE(_ferry, m) {
             return NetAddr::from_bytes(ByteView(b, "NetAddr.from_bytes").span());
           },
           "data"_a, "Decodes bytes produced by bytes(); raises InvalidArgument when malformed.")
-      .def_static("from_hex", &NetAddr::from_hex, "text"_a, "Decodes hex() output.")
+      .def_static(
+          "from_hex", [](nb::handle t) { return NetAddr::from_hex(str_arg(t, "text")); },
+          "text"_a.none(), nb::sig("def from_hex(text: str) -> NetAddr"), "Decodes hex() output.")
       .def(
           "bytes", [](const NetAddr& a) { return to_pybytes(a.bytes()); }, "The wire form.")
       .def("hex", &NetAddr::to_hex, "The wire form as lowercase hex.")
@@ -1105,7 +1482,9 @@ NB_MODULE(_ferry, m) {
           "from_bytes",
           [](nb::handle b) { return MrDesc::from_bytes(ByteView(b, "MrDesc.from_bytes").span()); },
           "data"_a, "Decodes bytes produced by bytes(); raises InvalidArgument when malformed.")
-      .def_static("from_hex", &MrDesc::from_hex, "text"_a, "Decodes hex() output.")
+      .def_static(
+          "from_hex", [](nb::handle t) { return MrDesc::from_hex(str_arg(t, "text")); },
+          "text"_a.none(), nb::sig("def from_hex(text: str) -> MrDesc"), "Decodes hex() output.")
       .def(
           "bytes", [](const MrDesc& d) { return to_pybytes(d.to_bytes()); }, "The wire form.")
       .def("hex", &MrDesc::to_hex, "The wire form as lowercase hex.")
@@ -1175,13 +1554,16 @@ NB_MODULE(_ferry, m) {
   nb::class_<WriteRoute>(m, "WriteRoute", "How a single write is placed on the group's NICs.")
       .def_static(
           "split",
-          [](int64_t max_shards, int64_t min_piece) {
-            return WriteRoute::split(nic_index(max_shards), non_negative(min_piece, "min_piece"));
+          [](nb::handle max_shards, nb::handle min_piece) {
+            return WriteRoute::split(nic_index(max_shards, "max_shards"),
+                                     count_arg(min_piece, "min_piece"));
           },
-          "max_shards"_a = 0, "min_piece"_a = 256 << 10,
+          "max_shards"_a.none() = 0, "min_piece"_a.none() = 256 << 10,
+          nb::sig("def split(max_shards: int = 0, min_piece: int = 262144) -> WriteRoute"),
           "Cut into up to max_shards pieces (0 = all NICs) of at least min_piece bytes.")
       .def_static(
-          "pinned", [](int64_t nic) { return WriteRoute::pinned(nic_index(nic)); }, "nic"_a,
+          "pinned", [](nb::handle nic) { return WriteRoute::pinned(nic_index(nic, "nic")); },
+          "nic"_a.none(), nb::sig("def pinned(nic: int) -> WriteRoute"),
           "The whole write on NIC `nic`.")
       .def_static("round_robin", &WriteRoute::round_robin,
                   "The whole write on the next NIC of a per-group rotation.")
@@ -1209,8 +1591,8 @@ NB_MODULE(_ferry, m) {
       .def_static("shard_bytes", &GroupRoute::shard_bytes,
                   "Every target's bytes divided over all NICs.")
       .def_static(
-          "pinned", [](int64_t nic) { return GroupRoute::pinned(nic_index(nic)); }, "nic"_a,
-          "Everything on NIC `nic`.")
+          "pinned", [](nb::handle nic) { return GroupRoute::pinned(nic_index(nic, "nic")); },
+          "nic"_a.none(), nb::sig("def pinned(nic: int) -> GroupRoute"), "Everything on NIC `nic`.")
       .def_prop_ro("kind",
                    [](const GroupRoute& r) {
                      return r.kind == GroupRoute::Kind::kShardPeers   ? "shard_peers"
@@ -1229,13 +1611,15 @@ NB_MODULE(_ferry, m) {
   nb::class_<ScatterDst>(m, "ScatterDst", "One target of submit_scatter.")
       .def(
           "__init__",
-          [](ScatterDst* self, int64_t length, int64_t src_offset, const MrDesc& dst,
-             int64_t dst_offset) {
-            new (self)
-                ScatterDst{non_negative(length, "length"), non_negative(src_offset, "src_offset"),
-                           dst, non_negative(dst_offset, "dst_offset")};
+          [](ScatterDst* self, nb::handle length, nb::handle src_offset, nb::handle dst,
+             nb::handle dst_offset) {
+            const uint64_t l = byte_arg(length, "length"), so = byte_arg(src_offset, "src_offset");
+            const MrDesc& d = obj_arg<MrDesc>(dst, "dst", kDescType);
+            new (self) ScatterDst{l, so, d, byte_arg(dst_offset, "dst_offset")};
           },
-          "length"_a, "src_offset"_a, "dst"_a, "dst_offset"_a = 0)
+          "length"_a.none(), "src_offset"_a.none(), "dst"_a.none(), "dst_offset"_a.none() = 0,
+          nb::sig("def __init__(self, length: int, src_offset: int, dst: MrDesc, "
+                  "dst_offset: int = 0) -> None"))
       .def_ro("length", &ScatterDst::len)
       .def_ro("src_offset", &ScatterDst::src_offset)
       .def_ro("dst", &ScatterDst::dst)
@@ -1251,19 +1635,28 @@ NB_MODULE(_ferry, m) {
       m, "ImmPlan", "Number of immediates the receiver gets for a request, for both sides to use.")
       .def_static(
           "single_write",
-          [](int64_t len, const WriteRoute& route, int64_t nics) {
-            return ImmPlan::single_write(non_negative(len, "length"), route,
-                                         non_negative(nics, "nics"));
+          [](nb::handle len, nb::handle route, nb::handle nics) {
+            return ImmPlan::single_write(byte_arg(len, "length"),
+                                         obj_arg<WriteRoute>(route, "route", "a ferry.WriteRoute"),
+                                         count_arg(nics, "nics"));
           },
-          "length"_a, "route"_a, "nics"_a, "Immediates for one submit_write of `length` bytes.")
-      .def_static("paged_writes", &ImmPlan::paged_writes, "pages"_a, "One immediate per page.")
+          "length"_a.none(), "route"_a.none(), "nics"_a.none(),
+          nb::sig("def single_write(length: int, route: WriteRoute, nics: int) -> int"),
+          "Immediates for one submit_write of `length` bytes.")
+      .def_static(
+          "paged_writes", [](nb::handle pages) { return count_arg(pages, "pages"); },
+          "pages"_a.none(), nb::sig("def paged_writes(pages: int) -> int"),
+          "One immediate per page.")
       .def_static(
           "scatter_target",
-          [](int64_t len, const GroupRoute& route, int64_t nics) {
-            return ImmPlan::scatter_target(non_negative(len, "length"), route,
-                                           non_negative(nics, "nics"));
+          [](nb::handle len, nb::handle route, nb::handle nics) {
+            return ImmPlan::scatter_target(
+                byte_arg(len, "length"), obj_arg<GroupRoute>(route, "route", "a ferry.GroupRoute"),
+                count_arg(nics, "nics"));
           },
-          "length"_a, "route"_a, "nics"_a, "Immediates one scatter target receives.")
+          "length"_a.none(), "route"_a.none(), "nics"_a.none(),
+          nb::sig("def scatter_target(length: int, route: GroupRoute, nics: int) -> int"),
+          "Immediates one scatter target receives.")
       .def_static("barrier_target", &ImmPlan::barrier_target, "One per barrier target.")
       .def_static("imm", &ImmPlan::imm, "One per submit_imm.");
 
@@ -1272,11 +1665,14 @@ NB_MODULE(_ferry, m) {
                            "Counts arrivals of one immediate value; wait(n) consumes n arrivals.")
       .def_prop_ro("value", &PyImmCounter::value, "Arrivals not yet consumed.")
       .def_prop_ro("imm", &PyImmCounter::imm, "The immediate value counted.")
-      .def("try_consume", &PyImmCounter::try_consume, "n"_a = 1,
+      .def("try_consume", &PyImmCounter::try_consume, "n"_a.none() = 1,
+           nb::sig("def try_consume(self, n: int = 1) -> bool"),
            "Consume n arrivals if they are there; never blocks. Returns whether it consumed.")
-      .def("wait", &PyImmCounter::wait, "n"_a = 1, "timeout"_a.none() = nb::none(),
+      .def("wait", &PyImmCounter::wait, "n"_a.none() = 1, "timeout"_a.none() = nb::none(),
+           nb::sig("def wait(self, n: int = 1, timeout: float | None = None) -> None"),
            "Wait (GIL released) until n arrivals can be consumed, then consume them. Raises "
-           "ferry.Timeout (consuming nothing) after `timeout` seconds; None waits forever.")
+           "ferry.Timeout (consuming nothing) after `timeout` seconds; None waits forever. "
+           "Raises ferry.Cancelled when the engine stops first.")
       .def("__repr__", [](const PyImmCounter& c) {
         return "ImmCounter(imm=" + std::to_string(c.imm()) +
                ", value=" + std::to_string(c.value()) + ")";
@@ -1288,7 +1684,8 @@ NB_MODULE(_ferry, m) {
       .def(nb::init<>())
       .def_prop_ro("done", &PyTransferCounter::done, "Transfers ended (success or failure).")
       .def_prop_ro("errors", &PyTransferCounter::errors, "Transfers that failed.")
-      .def("wait", &PyTransferCounter::wait, "n"_a, "timeout"_a.none() = nb::none(),
+      .def("wait", &PyTransferCounter::wait, "n"_a.none(), "timeout"_a.none() = nb::none(),
+           nb::sig("def wait(self, n: int, timeout: float | None = None) -> None"),
            "Wait (GIL released) until `done` reaches n; raises ferry.Timeout after `timeout` s.")
       .def("__repr__", [](const PyTransferCounter& c) {
         return "TransferCounter(done=" + std::to_string(c.done()) +
@@ -1309,39 +1706,42 @@ NB_MODULE(_ferry, m) {
            "default_timeout"_a, "send_buffer_size"_a, "send_buffer_count"_a,
            "verbs_gid_index"_a = -1)
       .def_prop_ro("main_address", &E::main_address)
-      .def("addresses", &E::addresses, "group"_a = 0)
+      .def("addresses", &E::addresses, "group"_a.none() = 0)
       .def_prop_ro("num_groups", &E::num_groups)
       .def_prop_ro("nics_per_group", &E::nics_per_group)
       .def_prop_ro("provider", &E::provider)
       .def_prop_ro("incarnation", &E::incarnation)
       .def_prop_ro("callback_errors", &E::callback_errors)
       .def_prop_ro("stopped", &E::stopped)
-      .def("register_memory", &E::register_memory, "ptr"_a, "length"_a, "device"_a,
-           "owner"_a.none(), "writable"_a)
-      .def("unregister", &E::unregister, "handle"_a)
-      .def("submit_send", &E::submit_send, "addr"_a, "data"_a, "future"_a.none(),
+      .def("register_memory", &E::register_memory, "ptr"_a.none(), "length"_a.none(),
+           "device"_a.none(), "owner"_a.none(), "writable"_a)
+      .def("unregister", &E::unregister, "handle"_a.none())
+      .def("submit_send", &E::submit_send, "addr"_a.none(), "data"_a.none(), "future"_a.none(),
            "on_done"_a.none(), "counter"_a.none())
-      .def("submit_recvs", &E::submit_recvs, "length"_a, "count"_a, "callback"_a)
-      .def("submit_write", &E::submit_write, "src"_a, "src_offset"_a, "length"_a, "dst"_a,
-           "dst_offset"_a, "imm"_a.none(), "route"_a, "future"_a.none(), "on_done"_a.none(),
-           "counter"_a.none())
-      .def("submit_paged_writes", &E::submit_paged_writes, "page_len"_a, "src"_a, "src_pages"_a,
-           "src_stride"_a, "src_offset"_a, "dst"_a, "dst_pages"_a, "dst_stride"_a, "dst_offset"_a,
-           "imm"_a.none(), "future"_a.none(), "on_done"_a.none(), "counter"_a.none())
-      .def("submit_imm", &E::submit_imm, "imm"_a, "dst"_a, "route"_a, "future"_a.none(),
-           "on_done"_a.none(), "counter"_a.none())
-      .def("add_peer_group", &E::add_peer_group_descs, "peers"_a)
-      .def("add_peer_group", &E::add_peer_group_addrs, "peers"_a)
-      .def("submit_scatter", &E::submit_scatter, "src"_a, "dsts"_a, "imm"_a.none(),
-           "group"_a.none(), "route"_a, "future"_a.none(), "on_done"_a.none(), "counter"_a.none())
-      .def("submit_barrier", &E::submit_barrier, "imm"_a, "dsts"_a, "group"_a.none(), "route"_a,
+      .def("submit_recvs", &E::submit_recvs, "length"_a.none(), "count"_a.none(),
+           "callback"_a.none())
+      .def("submit_write", &E::submit_write, "src"_a.none(), "src_offset"_a.none(),
+           "length"_a.none(), "dst"_a.none(), "dst_offset"_a.none(), "imm"_a.none(),
+           "route"_a.none(), "future"_a.none(), "on_done"_a.none(), "counter"_a.none())
+      .def("submit_paged_writes", &E::submit_paged_writes, "page_len"_a.none(), "src"_a.none(),
+           "src_pages"_a.none(), "src_stride"_a.none(), "src_offset"_a.none(), "dst"_a.none(),
+           "dst_pages"_a.none(), "dst_stride"_a.none(), "dst_offset"_a.none(), "imm"_a.none(),
            "future"_a.none(), "on_done"_a.none(), "counter"_a.none())
-      .def("expect_imm_count", &E::expect_imm_count, "imm"_a, "count"_a, "callback"_a)
-      .def("remove_imm_count", &E::remove_imm_count, "imm"_a)
-      .def("imm_counter", &E::imm_counter, "imm"_a)
-      .def("on_imm", &E::on_imm, "callback"_a)
-      .def("alloc_uvm_watcher", &E::alloc_uvm_watcher, "callback"_a)
-      .def("imm_counter_gpu", &E::imm_counter_gpu, "imm"_a, "count"_a)
+      .def("submit_imm", &E::submit_imm, "imm"_a.none(), "dst"_a.none(), "route"_a.none(),
+           "future"_a.none(), "on_done"_a.none(), "counter"_a.none())
+      .def("add_peer_group", &E::add_peer_group, "peers"_a.none())
+      .def("submit_scatter", &E::submit_scatter, "src"_a.none(), "dsts"_a.none(), "imm"_a.none(),
+           "group"_a.none(), "route"_a.none(), "future"_a.none(), "on_done"_a.none(),
+           "counter"_a.none())
+      .def("submit_barrier", &E::submit_barrier, "imm"_a.none(), "dsts"_a.none(), "group"_a.none(),
+           "route"_a.none(), "future"_a.none(), "on_done"_a.none(), "counter"_a.none())
+      .def("expect_imm_count", &E::expect_imm_count, "imm"_a.none(), "count"_a.none(),
+           "callback"_a.none())
+      .def("remove_imm_count", &E::remove_imm_count, "imm"_a.none())
+      .def("imm_counter", &E::imm_counter, "imm"_a.none())
+      .def("on_imm", &E::on_imm, "callback"_a.none())
+      .def("alloc_uvm_watcher", &E::alloc_uvm_watcher, "callback"_a.none())
+      .def("imm_counter_gpu", &E::imm_counter_gpu, "imm"_a.none(), "count"_a.none())
       .def("stop", &E::stop);
   (void)none;
 }

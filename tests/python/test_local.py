@@ -30,6 +30,52 @@ def test_exception_hierarchy():
     assert issubclass(ferry.FailedPrecondition, ferry.FerryError)
     e = ferry._ferry.make_error("NOT_FOUND", "nothing here")
     assert type(e) is ferry.NotFound and e.code == "NOT_FOUND" and str(e) == "nothing here"
+    e = ferry._ferry.make_error("ALREADY_EXISTS", "imm 5 is counted")
+    assert type(e) is ferry.AlreadyExists and e.code == "ALREADY_EXISTS"
+    assert issubclass(ferry.InvalidArgumentType, ferry.InvalidArgument)
+    assert issubclass(ferry.InvalidArgumentType, TypeError)
+    assert ferry.InvalidArgumentType.code == "INVALID_ARGUMENT"
+
+
+def test_submodules_are_attributes_of_the_package():
+    # docs/PYTHON.md uses ferry.aio after a plain `import ferry`; asyncio loads only then
+    code = """if True:
+        import sys, ferry
+        assert "asyncio" not in sys.modules, "import ferry loaded asyncio"
+        assert "aio" in dir(ferry) and "info" in dir(ferry)
+        assert callable(ferry.aio.wait_imm) and callable(ferry.aio.expect_imm)
+        assert ferry.aio is sys.modules["ferry.aio"] and "asyncio" in sys.modules
+        assert callable(ferry.info.collect)
+        try:
+            ferry.no_such_thing
+        except AttributeError as e:
+            assert "no_such_thing" in str(e)
+        else:
+            raise AssertionError("no AttributeError")
+        print("ok")
+    """
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def test_aio_through_the_package_attribute(pair):
+    import asyncio
+
+    a, b = pair
+    _, d = b.register(np.zeros(16, np.uint8))
+    c = b.imm_counter(44)
+
+    async def main():
+        fut = ferry.aio.expect_imm(b, 45, count=2)
+        await a.submit_imm(44, d)
+        await ferry.aio.wait_imm(c, 1, timeout=20)
+        await a.submit_imm(45, d)
+        await a.submit_imm(45, d)
+        await asyncio.wait_for(fut, 20)
+        return c.value
+
+    assert asyncio.run(main()) == 0
 
 
 def test_bad_descriptor_bytes():
@@ -175,15 +221,15 @@ def test_write_bounds_and_arguments(pair):
 @pytest.mark.parametrize(
     "pages, match",
     [
-        (np.zeros(4, np.float32), "dtype must be int32, uint32 or int64"),
-        (np.zeros(4, np.int16), "dtype must be int32, uint32 or int64"),
+        (np.zeros(4, np.float32), "dtype must be int32, uint32, int64 or uint64 \\(got float32\\)"),
+        (np.zeros(4, np.int16), "dtype must be int32, uint32, int64 or uint64 \\(got int16\\)"),
         (np.zeros((2, 2), np.int32), "1-D"),
         (np.arange(8, dtype=np.int32)[::2], "contiguous"),
-        (np.array([1, -1, 2], np.int32), "outside"),
-        (np.array([1, 2**32], np.int64), "outside"),
-        ([0, -5], "outside"),
-        (["a"], "expected ints"),
-        ("0123", "expected a 1-D"),
+        (np.array([1, -1, 2], np.int32), "index -1 at position 1 is outside"),
+        (np.array([1, -1], np.int64), "index -1 at position 1 is outside"),
+        ([0, -5], "index -5 at position 1 is outside"),
+        (["a"], "source pages\\[0\\] must be an int, got str"),
+        ("0123", "source pages must be a 1-D int32, uint32, int64 or uint64 array"),
     ],
 )
 def test_bad_page_lists(pair, pages, match):
@@ -295,6 +341,35 @@ def test_failed_transfer_reports_through_future_and_on_done(kind):
     assert got.wait(10) and errs[0] is not None and type(errs[0]) is type(ei.value)
     assert isinstance(t.exception(), ferry.FerryError)
     a.stop()
+
+
+# ---------------------------------------------------------------------------- immediates
+
+
+# The refusal is the C++ engine's (ImmTable raising kAlreadyExists, being added in
+# src/core); until it lands, expect_imm_count silently replaces the counter and this
+# test fails, which xfail reports without failing the suite.
+@pytest.mark.xfail(reason="needs the C++ engine's kAlreadyExists for an immediate mapped two "
+                          "ways (src/core ImmTable, not landed yet)", strict=False)
+def test_one_immediate_is_counted_one_way(pair):
+    a, b = pair
+    _, d = b.register(np.zeros(16, np.uint8))
+    fired = threading.Event()
+    c = b.imm_counter(21)
+    with pytest.raises(ferry.AlreadyExists) as ei:
+        b.expect_imm_count(21, 1, lambda: None)
+    assert ei.value.code == "ALREADY_EXISTS"
+    b.expect_imm_count(22, 1, fired.set)
+    with pytest.raises(ferry.AlreadyExists):
+        b.imm_counter(22)
+    # the first mapping of each immediate is still the one counting
+    a.submit_imm(21, d).result(20)
+    c.wait(1, timeout=20)
+    a.submit_imm(22, d).result(20)
+    assert fired.wait(20)
+    # removing the mapping allows the other way
+    b.remove_imm_count(21)
+    b.expect_imm_count(21, 1, lambda: None)
 
 
 # ---------------------------------------------------------------------------- callbacks and lifetime

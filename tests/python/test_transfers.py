@@ -65,7 +65,8 @@ def test_write_routes(remote, route):
     e.unregister(h)
 
 
-@pytest.mark.parametrize("dtypes", [(np.int32, np.uint32), (np.int64, np.int32), ("list", "list")])
+@pytest.mark.parametrize("dtypes", [(np.int32, np.uint32), (np.int64, np.int32), (np.uint64, np.uint64),
+                                    ("list", "list")])
 def test_paged_writes(remote, dtypes):
     kind, e, peer = remote
     page, pages = 96, 512
