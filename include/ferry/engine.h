@@ -22,6 +22,8 @@ enum class PollMode : uint8_t {
   kBusy,      // spin forever: lowest latency, one core per worker
 };
 
+enum class QueueFull : uint8_t { kBlock, kRefuse };
+
 // One worker thread and its NICs, serving one GPU (or the host).
 struct GroupConfig {
   Device device = Device::host();
@@ -69,13 +71,24 @@ struct EngineConfig {
   // CPU the UVM watcher thread pins itself to (-1 = do not pin). The thread
   // starts with the first alloc_uvm_watcher and spins only while one is armed.
   int watcher_cpu = -1;
-  // Default deadline for transfers and sends (0 = none); waits take their own.
-  std::chrono::milliseconds default_deadline{0};
+  // Deadline of every transfer and send, from submission: one that has not
+  // finished by then ends with kDeadlineExceeded (kUnavailable when its peer
+  // is known to have failed). 0 = none, when asked for explicitly. Waits
+  // (ImmCounter::wait) take their own.
+  std::chrono::milliseconds default_deadline{30'000};
+  // Requests per group admitted and not yet finished (queued, or in flight on
+  // the NICs). Bounds the command queue, the transfer table and the NIC rings.
+  size_t max_requests_in_flight = 65'536;
+  // What a submit does when its group is full: wait for room until the
+  // request's deadline (kBlock; no deadline: until room or stop), or throw
+  // kResourceExhausted at once (kRefuse). Either way the request is not queued.
+  QueueFull queue_full = QueueFull::kBlock;
   // Testing only: wrap every NIC in the seeded fault injector, e.g.
   // "seed=7,reorder=0.2,delay_us=50,eagain=0.05,split=0.1,fail=0.001".
   // Empty = the FERRY_FAULT_INJECTION environment variable, else off.
   std::string fault_injection;
-  // Buffers of the internal pool copying submit_send payloads.
+  // Buffers of the internal pool copying submit_send payloads. With every
+  // buffer in flight, submit_send waits (kBlock) or refuses (kRefuse) as above.
   size_t send_buffer_size = 64 << 10;
   size_t send_buffer_count = 256;
 };

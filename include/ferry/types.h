@@ -34,7 +34,12 @@ struct Device {
 
 // Transport family of one NIC endpoint; part of every address so that an
 // address of one family is never handed to a domain of another.
-enum class Transport : uint8_t { kFabric = 1, kVerbs = 2, kNvlink = 3, kFake = 4 };  // kFake: src/testing
+enum class Transport : uint8_t {
+  kFabric = 1,
+  kVerbs = 2,
+  kNvlink = 3,
+  kFake = 4
+};  // kFake: src/testing
 
 // The address of one NIC endpoint of one engine incarnation. Opaque bytes:
 //   u8 version | u8 transport | u64 incarnation (LE) | u16 raw length (LE) | raw
@@ -93,11 +98,20 @@ struct MrDesc {
     uint64_t base = 0;  // remote address of byte 0 (ptr in virtual-address mode, 0 in offset mode)
     bool operator==(const Nic&) const = default;
   };
+  // Version 1: writable regions (the form every build reads); version 2 adds
+  // a flags byte, written only for regions that are not write targets.
   static constexpr uint8_t kVersion = 1;
+  static constexpr uint8_t kVersionFlags = 2;
+  static constexpr uint8_t kFlagReadOnly = 1;
 
   uint64_t ptr = 0;  // owner's virtual base address (informational)
   uint64_t len = 0;  // bytes; writes past it are rejected before posting
   Device device;
+  // False when the owner registered memory it cannot write (PROT_READ pages,
+  // a read-only array): every write to it (immediates and barriers included)
+  // fails on the sender with kFailedPrecondition before anything is posted,
+  // and the NICs' keys grant no remote write either.
+  bool writable = true;
   std::vector<Nic> nics;  // one per NIC of the owner's group, in NIC order
 
   std::vector<uint8_t> to_bytes() const;

@@ -26,7 +26,9 @@ void CallbackThread::run() {
   for (;;) {
     size_t n = q_.wait_dequeue_bulk_timed(batch, 32, std::chrono::milliseconds(50));
     for (size_t i = 0; i < n; ++i) dispatch(batch[i]);
-    if (n == 0 && stop_.load(std::memory_order_acquire) && q_.size_approx() == 0) return;
+    // Once stopping, leave as soon as the queue is drained (stop() pushed an
+    // empty event to wake us), not after another idle timeout.
+    if (stop_.load(std::memory_order_acquire) && q_.size_approx() == 0) return;
   }
 }
 
@@ -35,9 +37,9 @@ void CallbackThread::dispatch(CallbackEvent& ev) {
     if (auto* t = std::get_if<TransferDoneEvent>(&ev)) {
       t->on_done.invoke(t->status);
     } else if (auto* c = std::get_if<ImmCountEvent>(&ev)) {
-      if (c->entry->cb) c->entry->cb();
+      imms_->run_expected(*c->entry);
     } else if (auto* p = std::get_if<PlainImmEvent>(&ev)) {
-      for (uint32_t i = 0; i < p->count; ++i) imms_->run_plain_callbacks(p->imm);
+      imms_->run_plain_callbacks(p->imm, p->count);
     } else if (auto* k = std::get_if<TaskEvent>(&ev)) {
       if (k->fn) k->fn();
     }

@@ -1,3 +1,5 @@
+#include <fmt/format.h>
+
 #include <chrono>
 #include <thread>
 
@@ -22,38 +24,72 @@ bool ImmCounter::try_consume(int64_t n) {
 Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout) {
   if (!s_) return Status(Code::kFailedPrecondition, "ImmCounter::wait on an empty counter");
   if (n < 0) return Status(Code::kInvalidArgument, "ImmCounter::wait: negative count");
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto now = std::chrono::steady_clock::now();
+  // Saturate: a timeout of years must not overflow the clock.
+  const auto deadline = timeout >= std::chrono::steady_clock::time_point::max() - now
+                            ? std::chrono::steady_clock::time_point::max()
+                            : now + timeout;
+  auto cancelled = [&] {
+    return Status(Code::kCancelled,
+                  "ImmCounter::wait: the engine stopped or the counter was removed (have " +
+                      std::to_string(value()) + " of " + std::to_string(n) + ")");
+  };
   // Arrivals are often microseconds away: spin a little before sleeping.
   for (int i = 0; i < 2000; ++i) {
     if (try_consume(n)) return {};
+    if (s_->cancelled.load(std::memory_order_acquire)) return cancelled();
     if (i > 200) std::this_thread::yield();
   }
   s_->waiters.fetch_add(1, std::memory_order_seq_cst);
   std::unique_lock lk(s_->mu);
-  bool ok = true;
+  Status st;
   for (;;) {
     if (try_consume(n)) break;
+    if (s_->cancelled.load(std::memory_order_acquire)) {
+      st = cancelled();
+      break;
+    }
     if (s_->cv.wait_until(lk, deadline) == std::cv_status::timeout) {
-      ok = try_consume(n);
+      if (!try_consume(n))
+        st = Status(Code::kDeadlineExceeded, "ImmCounter::wait: " + std::to_string(n) +
+                                                 " arrivals not reached (have " +
+                                                 std::to_string(value()) + ")");
       break;
     }
   }
   lk.unlock();
   s_->waiters.fetch_sub(1, std::memory_order_seq_cst);
-  if (!ok)
-    return Status(Code::kDeadlineExceeded, "ImmCounter::wait: " + std::to_string(n) +
-                                               " arrivals not reached (have " +
-                                               std::to_string(value()) + ")");
-  return {};
+  return st;
 }
 
 namespace core {
+
+namespace {
+
+const char* kind_of(const std::shared_ptr<ImmCounter::State>& c,
+                    const std::shared_ptr<ExpectedCount>& e) {
+  return c   ? "an ImmCounter (imm_counter)"
+         : e ? "a callback (expect_imm_count)"
+             : "a GPU flag (imm_counter_gpu)";
+}
+
+[[noreturn]] void conflict(uint32_t imm, const char* existing, const char* wanted) {
+  throw Error(Code::kAlreadyExists,
+              fmt::format("immediate {} is already counted by {}; remove_imm_count({}) before "
+                          "counting it with {}",
+                          imm, existing, imm, wanted));
+}
+
+}  // namespace
 
 void ImmTable::expect(uint32_t imm, uint32_t count, ImmCountCallback cb) {
   auto e = std::make_shared<ExpectedCount>();
   e->every = count;
   e->cb = std::move(cb);
   std::unique_lock lk(mu_);
+  auto it = map_.find(imm);
+  if (it != map_.end() && !it->second.expected)
+    conflict(imm, kind_of(it->second.counter, it->second.expected), "expect_imm_count");
   map_[imm] = Entry{nullptr, std::move(e), nullptr};
 }
 
@@ -64,24 +100,58 @@ void ImmTable::expect_gpu_flag(uint32_t imm, uint32_t count, uint32_t* flag,
   g->flag = flag;
   g->keep = std::move(keep);
   std::unique_lock lk(mu_);
+  auto it = map_.find(imm);
+  if (it != map_.end() && !it->second.gpu)
+    conflict(imm, kind_of(it->second.counter, it->second.expected), "imm_counter_gpu");
   map_[imm] = Entry{nullptr, nullptr, std::move(g)};
 }
 
 ImmCounter ImmTable::counter(uint32_t imm) {
+  {
+    // The common case, a counter that exists: no exclusive lock, so workers
+    // counting arrivals are not held up.
+    std::shared_lock lk(mu_);
+    auto it = map_.find(imm);
+    if (it != map_.end() && it->second.counter) return ImmCounter(it->second.counter);
+  }
   std::unique_lock lk(mu_);
   auto& e = map_[imm];
-  if (!e.counter) e = Entry{std::make_shared<ImmCounter::State>(), nullptr, nullptr};
+  if (!e.counter) {
+    if (e.expected || e.gpu) conflict(imm, kind_of(nullptr, e.expected), "imm_counter");
+    e = Entry{std::make_shared<ImmCounter::State>(), nullptr, nullptr};
+  }
   return ImmCounter(e.counter);
 }
 
 bool ImmTable::remove(uint32_t imm) {
-  std::unique_lock lk(mu_);
-  return map_.erase(imm) > 0;
+  std::shared_ptr<ImmCounter::State> gone;
+  {
+    std::unique_lock lk(mu_);
+    auto it = map_.find(imm);
+    if (it == map_.end()) return false;
+    gone = std::move(it->second.counter);
+    map_.erase(it);
+  }
+  if (gone) gone->cancel();
+  return true;
+}
+
+void ImmTable::cancel_all() {
+  std::vector<std::shared_ptr<ImmCounter::State>> counters;
+  {
+    std::shared_lock lk(mu_);
+    for (auto& [imm, e] : map_)
+      if (e.counter) counters.push_back(e.counter);
+  }
+  for (auto& c : counters) c->cancel();
 }
 
 void ImmTable::add_plain_callback(ImmCallback cb) {
   std::lock_guard lk(plain_mu_);
-  plain_.push_back(std::move(cb));
+  auto next = plain_ ? std::make_shared<std::vector<ImmCallback>>(*plain_)
+                     : std::make_shared<std::vector<ImmCallback>>();
+  next->push_back(std::move(cb));
+  plain_ = std::move(next);
 }
 
 void ImmTable::on_arrival(uint32_t imm, uint32_t n) {
@@ -91,6 +161,14 @@ void ImmTable::on_arrival(uint32_t imm, uint32_t n) {
   if (it == map_.end()) {
     lk.unlock();
     // Plain callbacks still see every immediate: the event carries the count.
+    // A peer flooding immediates nobody counts must not grow the queue
+    // without bound: past kMaxPlainEvents queued events, arrivals are dropped
+    // (and counted).
+    if (plain_queued_.fetch_add(1, std::memory_order_relaxed) >= kMaxPlainEvents) {
+      plain_queued_.fetch_sub(1, std::memory_order_relaxed);
+      dropped_plain_.fetch_add(n, std::memory_order_relaxed);
+      return;
+    }
     callbacks_->push(PlainImmEvent{imm, n});
     return;
   }
@@ -125,13 +203,27 @@ void ImmTable::on_arrival(uint32_t imm, uint32_t n) {
   // Each arrival run sees a distinct range of the monotonic count, so exactly
   // one worker observes each multiple of `every`: once per `every` arrivals.
   const uint64_t before = ex->arrived.fetch_add(n, std::memory_order_acq_rel);
-  for (uint64_t k = before / ex->every; k < (before + n) / ex->every; ++k)
+  const uint64_t fires = (before + n) / ex->every - before / ex->every;
+  if (fires > 0 && ex->pending.fetch_add(fires, std::memory_order_acq_rel) == 0)
     callbacks_->push(ImmCountEvent{ex});
 }
 
-void ImmTable::run_plain_callbacks(uint32_t imm) {
-  std::lock_guard lk(plain_mu_);
-  for (auto& cb : plain_) cb(imm);
+void ImmTable::run_expected(ExpectedCount& e) {
+  // Firings that arrive while these run queue a new event (pending was 0).
+  for (uint64_t k = e.pending.exchange(0, std::memory_order_acq_rel); k > 0; --k)
+    if (e.cb) e.cb();
+}
+
+void ImmTable::run_plain_callbacks(uint32_t imm, uint32_t count) {
+  plain_queued_.fetch_sub(1, std::memory_order_relaxed);
+  std::shared_ptr<const std::vector<ImmCallback>> cbs;
+  {
+    std::lock_guard lk(plain_mu_);
+    cbs = plain_;
+  }
+  if (!cbs) return;
+  for (uint32_t i = 0; i < count; ++i)
+    for (auto& cb : *cbs) cb(imm);
 }
 
 }  // namespace core

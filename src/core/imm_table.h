@@ -18,8 +18,17 @@ namespace ferry {
 struct ImmCounter::State {
   std::atomic<int64_t> value{0};
   std::atomic<int32_t> waiters{0};
+  // Set when the engine stops or the counter is removed: every wait returns
+  // kCancelled from then on.
+  std::atomic<bool> cancelled{false};
   std::mutex mu;
   std::condition_variable cv;
+
+  void cancel() {
+    cancelled.store(true, std::memory_order_seq_cst);
+    std::lock_guard lk(mu);
+    cv.notify_all();
+  }
 
   void add(int64_t n) {
     value.fetch_add(n, std::memory_order_seq_cst);
@@ -40,6 +49,9 @@ class CallbackThread;
 
 struct ExpectedCount {
   std::atomic<uint64_t> arrived{0};  // monotonic: fires at each multiple of `every`
+  // Firings not yet run: one queued event runs them all, so a flood of
+  // immediates costs the callback queue one entry per counter, not per firing.
+  std::atomic<uint64_t> pending{0};
   uint32_t every = 1;
   ImmCountCallback cb;
 };
@@ -59,19 +71,28 @@ class ImmTable {
   // The callback thread needs the table and the table the thread: set after both exist.
   void set_callbacks(CallbackThread* callbacks) { callbacks_ = callbacks; }
 
-  // Replace any prior mapping of imm.
+  // One immediate is counted one way at a time. A mapping of the same kind
+  // replaces the prior one (expect, expect_gpu_flag) or is shared (counter);
+  // one of another kind throws Error(kAlreadyExists): remove() it first.
   void expect(uint32_t imm, uint32_t count, ImmCountCallback cb);
   ImmCounter counter(uint32_t imm);
-  // Replace any prior mapping of imm with a GPU flag entry (see GpuFlagCount).
   void expect_gpu_flag(uint32_t imm, uint32_t count, uint32_t* flag, std::shared_ptr<void> keep);
+  // Waiters on a removed counter return kCancelled.
   bool remove(uint32_t imm);
+  // May be called from inside a plain callback.
   void add_plain_callback(ImmCallback cb);
+  // Engine stop: every counter's waiters return kCancelled, now and later.
+  void cancel_all();
+  // Plain-callback events dropped because the queue held kMaxPlainEvents.
+  uint64_t dropped_plain_events() const { return dropped_plain_.load(); }
+  static constexpr uint32_t kMaxPlainEvents = 1u << 16;
 
   // Worker side: `n` immediates with value imm arrived (their data is visible).
   void on_arrival(uint32_t imm, uint32_t n = 1);
 
   // Callback-thread side.
-  void run_plain_callbacks(uint32_t imm);
+  void run_plain_callbacks(uint32_t imm, uint32_t count);
+  void run_expected(ExpectedCount& e);
 
  private:
   struct Entry {
@@ -82,8 +103,11 @@ class ImmTable {
   CallbackThread* callbacks_;
   std::shared_mutex mu_;
   std::unordered_map<uint32_t, Entry> map_;
+  // Copy on write: callbacks run on a snapshot, outside the lock.
   std::mutex plain_mu_;
-  std::vector<ImmCallback> plain_;
+  std::shared_ptr<const std::vector<ImmCallback>> plain_;
+  std::atomic<uint32_t> plain_queued_{0};
+  std::atomic<uint64_t> dropped_plain_{0};
 };
 
 }  // namespace ferry::core

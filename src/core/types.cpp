@@ -128,11 +128,12 @@ constexpr size_t kMaxDescNics = 16;
 std::vector<uint8_t> MrDesc::to_bytes() const {
   std::vector<uint8_t> out;
   core::ByteWriter w(out);
-  w.put<uint8_t>(kVersion);
+  w.put<uint8_t>(writable ? kVersion : kVersionFlags);
   w.put<uint64_t>(ptr);
   w.put<uint64_t>(len);
   w.put<uint8_t>(static_cast<uint8_t>(device.kind));
   w.put<int32_t>(device.ordinal);
+  if (!writable) w.put<uint8_t>(kFlagReadOnly);
   w.put<uint8_t>(static_cast<uint8_t>(nics.size()));
   for (const auto& n : nics) {
     w.put<uint16_t>(static_cast<uint16_t>(n.addr.bytes().size()));
@@ -146,10 +147,10 @@ std::vector<uint8_t> MrDesc::to_bytes() const {
 MrDesc MrDesc::from_bytes(std::span<const uint8_t> bytes) {
   core::ByteReader r(bytes, "MrDesc");
   auto version = r.get<uint8_t>();
-  if (version != kVersion)
-    throw Error(
-        Code::kInvalidArgument,
-        fmt::format("MrDesc: unsupported version {} (this build reads {})", version, kVersion));
+  if (version != kVersion && version != kVersionFlags)
+    throw Error(Code::kInvalidArgument,
+                fmt::format("MrDesc: unsupported version {} (this build reads {} and {})", version,
+                            kVersion, kVersionFlags));
   MrDesc d;
   d.ptr = r.get<uint64_t>();
   d.len = r.get<uint64_t>();
@@ -159,6 +160,12 @@ MrDesc MrDesc::from_bytes(std::span<const uint8_t> bytes) {
   d.device.kind = static_cast<Device::Kind>(kind);
   d.device.ordinal = r.get<int32_t>();
   if (d.device.ordinal < 0) throw Error(Code::kInvalidArgument, "MrDesc: negative device ordinal");
+  if (version == kVersionFlags) {
+    auto flags = r.get<uint8_t>();
+    if (flags & ~kFlagReadOnly)
+      throw Error(Code::kInvalidArgument, fmt::format("MrDesc: unknown flags {:#x}", flags));
+    d.writable = !(flags & kFlagReadOnly);
+  }
   auto n = r.get<uint8_t>();
   if (n == 0 || n > kMaxDescNics)
     throw Error(Code::kInvalidArgument,

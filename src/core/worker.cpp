@@ -67,30 +67,127 @@ void Worker::stop() {
   thread_.join();
 }
 
+Status SendBuffers::acquire(Clock::time_point deadline, bool wait, uint32_t* out) {
+  auto stopped = [] { return Status(Code::kFailedPrecondition, "the transfer engine is stopped"); };
+  if (closed_.load(std::memory_order_acquire)) return stopped();
+  if (free_.try_dequeue(*out)) return {};
+  auto none = [] {
+    return Status(Code::kResourceExhausted,
+                  "submit_send: every send buffer is in flight (EngineConfig::send_buffer_count)");
+  };
+  if (!wait) return none();
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  std::unique_lock lk(mu_);
+  Status st;
+  for (;;) {
+    if (closed_.load(std::memory_order_acquire)) {
+      st = stopped();
+      break;
+    }
+    if (free_.try_dequeue(*out)) break;
+    if (deadline == Clock::time_point{}) {
+      cv_.wait(lk);
+    } else if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
+      if (!free_.try_dequeue(*out)) st = none();
+      break;
+    }
+  }
+  lk.unlock();
+  waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  return st;
+}
+
+Status Worker::admit(Clock::time_point deadline) {
+  const uint64_t limit = shared_->config.max_requests_in_flight;
+  auto try_admit = [&] {
+    uint64_t cur = inflight_.load(std::memory_order_relaxed);
+    while (cur < limit)
+      if (inflight_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) return true;
+    return false;
+  };
+  auto stopped = [] { return Status(Code::kFailedPrecondition, "the transfer engine is stopped"); };
+  if (closed_.load(std::memory_order_acquire)) return stopped();
+  if (try_admit()) return {};
+  auto full = [&] {
+    return Status(Code::kResourceExhausted,
+                  fmt::format("group {}: {} requests in flight (EngineConfig::"
+                              "max_requests_in_flight)",
+                              index_, limit));
+  };
+  if (shared_->config.queue_full == QueueFull::kRefuse) return full();
+  blocked_.fetch_add(1, std::memory_order_seq_cst);
+  std::unique_lock lk(space_mu_);
+  Status st;
+  for (;;) {
+    if (closed_.load(std::memory_order_acquire)) {
+      st = stopped();
+      break;
+    }
+    if (try_admit()) break;
+    if (deadline == Clock::time_point{}) {
+      space_cv_.wait(lk);
+    } else if (space_cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
+      if (!try_admit()) st = full();
+      break;
+    }
+  }
+  lk.unlock();
+  blocked_.fetch_sub(1, std::memory_order_seq_cst);
+  return st;
+}
+
+void Worker::release_admission() {
+  inflight_.fetch_sub(1, std::memory_order_acq_rel);
+  // Pairs with admit(): a waiter registers in blocked_ before re-checking.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (blocked_.load(std::memory_order_relaxed) > 0) {
+    std::lock_guard lk(space_mu_);
+    space_cv_.notify_one();
+  }
+}
+
+void Worker::close_admission() {
+  closed_.store(true, std::memory_order_seq_cst);
+  std::lock_guard lk(space_mu_);
+  space_cv_.notify_all();
+}
+
 void Worker::submit(Command&& cmd) {
   queue_.enqueue(std::move(cmd));
-  if (sleeping_.load(std::memory_order_seq_cst)) {
+  // The store of the command and the load of sleeping_ must not be
+  // reordered (idle_wait has the mirror fence): otherwise the worker can go
+  // to sleep with this command queued and nobody to wake it.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sleeping_.load(std::memory_order_relaxed)) {
     uint64_t one = 1;
     [[maybe_unused]] auto r = ::write(wake_fd_, &one, sizeof(one));
   }
 }
 
-Status Worker::call(std::function<void()> fn, std::chrono::milliseconds timeout) {
+Status Worker::call(std::function<Status()> fn, std::chrono::milliseconds timeout) {
   if (stop_.load()) return Status(Code::kFailedPrecondition, "engine is stopped");
   // The promise is shared so a caller that gave up leaves nothing dangling.
-  auto done = std::make_shared<std::promise<void>>();
+  auto done = std::make_shared<std::promise<Status>>();
   auto fut = done->get_future();
   Command cmd;
-  cmd.req = ControlReq{[fn = std::move(fn), done] {
-    fn();
-    done->set_value();
+  cmd.req = ControlReq{[fn = std::move(fn), done, index = index_] {
+    Status st;
+    try {
+      st = fn();
+    } catch (const std::exception& e) {
+      st = Status(Code::kInternal,
+                  fmt::format("worker {}: control call threw: {}", index, e.what()));
+    } catch (...) {
+      st = Status(Code::kInternal, fmt::format("worker {}: control call threw", index));
+    }
+    done->set_value(std::move(st));
   }};
   submit(std::move(cmd));
   if (fut.wait_for(timeout) != std::future_status::ready)
     return Status(Code::kDeadlineExceeded,
                   fmt::format("worker {} did not answer a control call within {} ms", index_,
                               timeout.count()));
-  return {};
+  return fut.get();
 }
 
 // ------------------------------------------------------------------ thread
@@ -188,7 +285,8 @@ Status Worker::open_nics() {
 }
 
 void Worker::idle_wait() {
-  sleeping_.store(true, std::memory_order_seq_cst);
+  sleeping_.store(true, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // mirror of submit()
   if (queue_.size_approx() != 0 || stop_.load()) {
     sleeping_.store(false);
     return;
@@ -241,9 +339,10 @@ void Worker::handle(Command& cmd) {
 }
 
 void Worker::fail_command(Command& cmd, Status s) {
-  if (auto* send = std::get_if<SendReq>(&cmd.req)) shared_->send_free->enqueue(send->buffer);
+  if (auto* send = std::get_if<SendReq>(&cmd.req)) shared_->send_free->release(send->buffer);
   if (std::holds_alternative<RecvPostReq>(cmd.req)) return;
   signal(std::move(cmd.on_done), std::move(s));
+  if (cmd.admitted) release_admission();
 }
 
 // Counters and flags are updated here, with no thread hop; callbacks run on
@@ -336,6 +435,8 @@ void Worker::start_transfer(Command& cmd) {
   s.id = cmd.id;
   s.on_done = std::move(cmd.on_done);
   s.deadline = cmd.deadline;
+  s.admitted = cmd.admitted;
+  if (s.deadline != Clock::time_point{}) deadline_insert(idx);
   s.cursors_live = 0;
   s.posted = s.completed = 0;
   s.error = Status();
@@ -716,12 +817,48 @@ void Worker::maybe_finish(uint32_t idx) {
   if (!s.error.is_ok()) finish(s, s.error);
   if (s.cursors_live > 0 || s.completed < s.posted) return;
   finish(s, s.error);
-  if (auto* send = std::get_if<SendReq>(&s.req)) shared_->send_free->enqueue(send->buffer);
+  if (auto* send = std::get_if<SendReq>(&s.req)) shared_->send_free->release(send->buffer);
+  if (s.on_deadline_list) deadline_remove(idx);
   s.active = false;
   s.req = Request{};
   s.peers.clear();
   free_slots_.push_back(idx);
   --active_;
+  if (std::exchange(s.admitted, false)) release_admission();
+}
+
+// Deadlines are almost always "now + the default", so a new one belongs at
+// the tail: insertion walks back from there, removal is O(1), and the scan
+// looks only at the head, whatever the number of transfers in flight.
+void Worker::deadline_insert(uint32_t idx) {
+  Slot& s = slots_[idx];
+  uint32_t after = dl_tail_;
+  while (after != kNone && slots_[after].deadline > s.deadline) after = slots_[after].dl_prev;
+  s.dl_prev = after;
+  s.dl_next = after == kNone ? dl_head_ : slots_[after].dl_next;
+  if (s.dl_next != kNone)
+    slots_[s.dl_next].dl_prev = idx;
+  else
+    dl_tail_ = idx;
+  if (after != kNone)
+    slots_[after].dl_next = idx;
+  else
+    dl_head_ = idx;
+  s.on_deadline_list = true;
+}
+
+void Worker::deadline_remove(uint32_t idx) {
+  Slot& s = slots_[idx];
+  if (s.dl_prev != kNone)
+    slots_[s.dl_prev].dl_next = s.dl_next;
+  else
+    dl_head_ = s.dl_next;
+  if (s.dl_next != kNone)
+    slots_[s.dl_next].dl_prev = s.dl_prev;
+  else
+    dl_tail_ = s.dl_prev;
+  s.dl_prev = s.dl_next = kNone;
+  s.on_deadline_list = false;
 }
 
 void Worker::finish(Slot& s, Status st) {
@@ -732,29 +869,37 @@ void Worker::finish(Slot& s, Status st) {
 }
 
 void Worker::check_deadlines() {
-  if (active_ == 0) {
-    // Registrations retired by unreg_mr die here once no transfer holds them.
+  // Registrations retired by unreg_mr die here once no transfer holds them.
+  if (!retired_.empty())
     std::erase_if(retired_, [](const RegRef& r) { return r.use_count() == 1; });
-    return;
-  }
-  auto now = Clock::now();
-  for (uint32_t i = 0; i < slots_.size(); ++i) {
+  const auto now = Clock::now();
+  while (dl_head_ != kNone && slots_[dl_head_].deadline <= now) {
+    const uint32_t i = dl_head_;
     Slot& s = slots_[i];
-    if (!s.active || s.finished || s.deadline == Clock::time_point{} || now < s.deadline) continue;
-    std::string peer = "?";
-    if (auto* r = std::get_if<SingleReq>(&s.req))
-      peer = r->dst.nics[0].addr.brief();
-    else if (auto* r = std::get_if<PagedReq>(&s.req))
-      peer = r->dst.nics[0].addr.brief();
-    else if (auto* r = std::get_if<SendReq>(&s.req))
-      peer = r->addr.brief();
+    deadline_remove(i);
+    if (!s.active || s.finished) continue;
+    const NetAddr* peer = failed_peer(s.req, 0);
+    std::string who = peer ? peer->brief() : std::string("its peers");
+    // A peer known to have failed is the reason, not the clock.
+    if (peer && !dead_.empty()) {
+      if (auto d = dead_.find(*peer); d != dead_.end()) {
+        finish(s, Status(Code::kUnavailable,
+                         fmt::format("transfer {} to {} via NIC {}: peer failed: {}", s.id, who,
+                                     infos_[0].name, d->second.why.message())));
+        maybe_finish(i);
+        continue;
+      }
+    }
+    const std::string progress =
+        s.posted == 0 ? std::string(
+                            "the provider accepted none of its writes (peer unreachable, "
+                            "or the NIC stayed full)")
+                      : fmt::format("{} of {} posted writes completed", s.completed, s.posted);
     finish(s, Status(Code::kDeadlineExceeded,
-                     fmt::format("transfer {} to {} via NIC {} passed its deadline ({} of {} "
-                                 "writes completed)",
-                                 s.id, peer, infos_[0].name, s.completed, s.posted)));
+                     fmt::format("transfer {} to {} via NIC {} passed its deadline: {}", s.id, who,
+                                 infos_[0].name, progress)));
     maybe_finish(i);
   }
-  std::erase_if(retired_, [](const RegRef& r) { return r.use_count() == 1; });
 }
 
 // ------------------------------------------------------------ send / recv

@@ -9,10 +9,12 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -96,6 +98,8 @@ struct RecvPostReq {
   uint32_t pool = 0;
   uint32_t buffer = 0;
 };
+// Runs on the worker thread. Captures only what it owns (shared state, not
+// the caller's stack): a caller that timed out leaves it safe to run later.
 struct ControlReq {
   std::function<void()> fn;
 };
@@ -105,6 +109,7 @@ using Request =
 
 struct Command {
   TransferId id = 0;
+  bool admitted = false;  // counted in the group's requests in flight
   OnDone on_done;
   Clock::time_point deadline{};  // epoch = none
   Request req;
@@ -126,12 +131,41 @@ struct RecvPool : BufferPool {
   RecvCallback on_recv;
 };
 
+// Indices of free send buffers. A submitter finding none waits (up to its
+// deadline) or is refused, as EngineConfig::queue_full says; stop wakes it.
+class SendBuffers {
+ public:
+  void release(uint32_t i) {
+    free_.enqueue(i);
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with acquire()
+    if (waiters_.load(std::memory_order_relaxed) > 0) {
+      std::lock_guard lk(mu_);
+      cv_.notify_one();
+    }
+  }
+  // kOk with *out set; kResourceExhausted when none came by the deadline (at
+  // once when !wait); kFailedPrecondition once closed.
+  Status acquire(Clock::time_point deadline, bool wait, uint32_t* out);
+  void close() {
+    closed_.store(true, std::memory_order_seq_cst);
+    std::lock_guard lk(mu_);
+    cv_.notify_all();
+  }
+
+ private:
+  moodycamel::ConcurrentQueue<uint32_t> free_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<int32_t> waiters_{0};
+  std::atomic<bool> closed_{false};
+};
+
 struct EngineShared {
   EngineConfig config;
   uint64_t incarnation = 0;
   ImmTable* imms = nullptr;
   CallbackThread* callbacks = nullptr;
-  moodycamel::ConcurrentQueue<uint32_t>* send_free = nullptr;
+  SendBuffers* send_free = nullptr;
   BufferPool* send_pool = nullptr;
   // Fixed size, never resized; a slot is filled before its buffers are posted.
   std::vector<std::unique_ptr<RecvPool>>* recv_pools = nullptr;
@@ -151,9 +185,20 @@ class Worker {
   Status start();
   void stop();
 
+  // Admission (EngineConfig::max_requests_in_flight): a request counts from
+  // admit() until its OnDone is signalled. Full: kResourceExhausted at once
+  // (QueueFull::kRefuse) or after waiting until `deadline` (kBlock; epoch =
+  // wait until space or stop). kFailedPrecondition once the engine stops.
+  Status admit(Clock::time_point deadline);
+  // Queues an admitted request (or an internal one: receive posts, control).
   void submit(Command&& cmd);
-  // Runs fn on the worker thread and waits for it (control plane).
-  Status call(std::function<void()> fn, std::chrono::milliseconds timeout);
+  // Runs fn on the worker thread and waits for its Status (control plane).
+  // fn must own what it captures: after a timeout it may still run. An
+  // exception thrown by fn comes back as kInternal, never past the worker.
+  Status call(std::function<Status()> fn, std::chrono::milliseconds timeout);
+  // Wakes submitters blocked in admit(); they return kFailedPrecondition.
+  void close_admission();
+  uint64_t in_flight() const { return inflight_.load(std::memory_order_relaxed); }
 
   size_t index() const { return index_; }
   int state_numa_node() const { return state_numa_.load(); }
@@ -172,14 +217,19 @@ class Worker {
   }
 
  private:
+  static constexpr uint32_t kNone = UINT32_MAX;
   // Per-transfer state, tracked by slot index (no maps on the datapath).
   struct Slot {
     uint32_t gen = 0;
     bool active = false;
     bool finished = false;  // user already signalled (deadline or error); draining
+    bool admitted = false;
     TransferId id = 0;
     OnDone on_done;
     Clock::time_point deadline{};
+    // Intrusive list of slots with a deadline, in deadline order.
+    uint32_t dl_prev = kNone, dl_next = kNone;
+    bool on_deadline_list = false;
     uint32_t cursors_live = 0;
     uint64_t posted = 0, completed = 0;
     Status error;
@@ -223,6 +273,9 @@ class Worker {
   bool poll_completions();
   void idle_wait();
   void check_deadlines();
+  void deadline_insert(uint32_t idx);
+  void deadline_remove(uint32_t idx);
+  void release_admission();
 
   uint32_t alloc_slot();
   void fail_command(Command& cmd, Status s);
@@ -250,6 +303,11 @@ class Worker {
   std::vector<DomainInfo> infos_;
 
   moodycamel::ConcurrentQueue<Command> queue_;
+  std::atomic<uint64_t> inflight_{0};
+  std::atomic<int32_t> blocked_{0};
+  std::atomic<bool> closed_{false};
+  std::mutex space_mu_;
+  std::condition_variable space_cv_;
   int wake_fd_ = -1;
   std::atomic<bool> sleeping_{false};
   std::atomic<bool> stop_{false};
@@ -274,6 +332,7 @@ class Worker {
   uint64_t stale_epoch_ = 0;  // bumped whenever an address becomes stale
   uint8_t current_nic_ = 0;   // NIC whose completions are being handled
   Clock::time_point last_deadline_scan_{};
+  uint32_t dl_head_ = kNone, dl_tail_ = kNone;
 };
 
 }  // namespace ferry::core

@@ -13,6 +13,7 @@
 #include "core/worker.h"
 #include "cuda/watcher.h"
 #include "engine/domain_families.h"
+#include "engine/memory_access.h"
 #include "engine/placement.h"
 #include "engine/provider_select.h"
 #include "ferry/engine.h"
@@ -55,18 +56,35 @@ struct TransferEngine::Impl {
   std::atomic<TransferId> next_transfer{1};
 
   core::BufferPool send_pool;
-  moodycamel::ConcurrentQueue<uint32_t> send_free;
+  core::SendBuffers send_free;
   std::mutex recv_mu;
   std::vector<std::unique_ptr<core::RecvPool>> recv_pools;
   size_t num_recv_pools = 0;
 
   std::atomic<bool> stopped{false};
+  // API calls in progress: stop() waits for them before it stops the
+  // workers, so no call can touch a worker that stop() is tearing down.
+  std::atomic<int64_t> api_calls{0};
   std::mutex stop_mu;
 
-  void check_running() const {
-    if (stopped.load(std::memory_order_acquire))
-      throw Error(Code::kFailedPrecondition, "the transfer engine is stopped");
-  }
+  // Held for the length of every public call.
+  class Entered {
+   public:
+    explicit Entered(Impl& im) : im_(im) {
+      im_.api_calls.fetch_add(1, std::memory_order_seq_cst);
+      if (im_.stopped.load(std::memory_order_seq_cst)) {
+        im_.api_calls.fetch_sub(1, std::memory_order_seq_cst);
+        throw Error(Code::kFailedPrecondition, "the transfer engine is stopped");
+      }
+    }
+    ~Entered() { im_.api_calls.fetch_sub(1, std::memory_order_seq_cst); }
+    Entered(const Entered&) = delete;
+    Entered& operator=(const Entered&) = delete;
+
+   private:
+    Impl& im_;
+  };
+  Entered enter() { return Entered(*this); }
 
   core::Worker& worker_for(Device d) {
     if (d.is_host()) return *workers[0];
@@ -100,23 +118,43 @@ struct TransferEngine::Impl {
     }
   }
 
+  // A read-only region is no target for any write, immediates and barriers
+  // included: some providers refuse zero-byte writes to a key without
+  // remote write, so refusing all of them here gives one rule everywhere.
+  static void check_writable(const MrDesc& d, const char* what) {
+    if (!d.writable)
+      throw Error(Code::kFailedPrecondition,
+                  fmt::format("{}: the destination region ({} bytes at {:#x}) was registered "
+                              "read-only by its owner",
+                              what, d.len, d.ptr));
+  }
+
   Clock::time_point deadline() const {
     auto d = shared.config.default_deadline;
     return d.count() > 0 ? Clock::now() + d : Clock::time_point{};
   }
 
-  TransferId submit(core::Worker& w, OnDone on_done, core::Request req) {
+  // A request the caller cannot have queued (its group is full, or the engine
+  // stops) throws, and its OnDone never runs; one that is queued has its
+  // OnDone run exactly once.
+  TransferId submit(core::Worker& w, OnDone on_done, core::Request req,
+                    Clock::time_point dl = Clock::time_point::max()) {
     Command cmd;
+    cmd.deadline = dl == Clock::time_point::max() ? deadline() : dl;
+    Status st = w.admit(cmd.deadline);
+    if (!st.is_ok()) throw Error(st);
+    cmd.admitted = true;
     cmd.id = next_transfer.fetch_add(1, std::memory_order_relaxed);
     cmd.on_done = std::move(on_done);
-    cmd.deadline = deadline();
     cmd.req = std::move(req);
     TransferId id = cmd.id;
     w.submit(std::move(cmd));
     return id;
   }
 
-  void call(core::Worker& w, std::function<void()> fn) {
+  // fn runs on w's thread and must own its captures (shared state): after a
+  // timeout it may still run.
+  void call(core::Worker& w, std::function<Status()> fn) {
     Status st = w.call(std::move(fn), kControlTimeout);
     if (!st.is_ok()) throw Error(st);
   }
@@ -221,14 +259,20 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   auto reg = std::make_shared<core::Registration>();
   reg->ptr = sp.mem.get();
   reg->len = sp.buf_len * sp.count;
-  Status err;
-  im.call(*im.workers[0], [&] { im.workers[0]->register_wt(*reg, false, &err); });
+  core::Worker* w0 = im.workers[0].get();
+  Status err = w0->call(
+      [w0, reg] {
+        Status e;
+        w0->register_wt(*reg, false, &e);
+        return e;
+      },
+      kControlTimeout);
   if (!err.is_ok()) {
     stop();
     throw Error(err);
   }
   sp.reg = reg;
-  for (uint32_t i = 0; i < sp.count; ++i) im.send_free.enqueue(i);
+  for (uint32_t i = 0; i < sp.count; ++i) im.send_free.release(i);
 }
 
 TransferEngine::~TransferEngine() {
@@ -242,9 +286,17 @@ TransferEngine::~TransferEngine() {
 void TransferEngine::stop() {
   auto& im = *impl_;
   std::lock_guard lk(im.stop_mu);
-  if (im.stopped.exchange(true)) return;
+  if (im.stopped.exchange(true, std::memory_order_seq_cst)) return;
+  // New calls now throw kFailedPrecondition; calls waiting for room or for a
+  // send buffer give up; then every call in progress has returned before a
+  // worker goes away.
+  for (auto& w : im.workers) w->close_admission();
+  im.send_free.close();
+  while (im.api_calls.load(std::memory_order_seq_cst) > 0) std::this_thread::yield();
   im.gpu.stop();  // watcher callbacks may submit: stop them while the workers run
   for (auto& w : im.workers) w->stop();
+  // Waiters on counters return kCancelled (transfers were cancelled above).
+  if (im.imms) im.imms->cancel_all();
   if (im.callbacks) im.callbacks->stop();
   // Workers are joined: registrations can be closed from here, before the
   // domains they belong to (owned by the workers).
@@ -291,7 +343,7 @@ std::vector<int> TransferEngine::worker_state_numa_nodes() const {
 
 std::pair<MrHandle, MrDesc> TransferEngine::reg_mr(void* ptr, size_t len, Device device) {
   auto& im = *impl_;
-  im.check_running();
+  auto entered = im.enter();
   if (ptr == nullptr) throw Error(Code::kInvalidArgument, "reg_mr: null pointer");
   if (len == 0) throw Error(Code::kInvalidArgument, "reg_mr: zero length");
   if (reinterpret_cast<uintptr_t>(ptr) + len < reinterpret_cast<uintptr_t>(ptr))
@@ -303,14 +355,22 @@ std::pair<MrHandle, MrDesc> TransferEngine::reg_mr(void* ptr, size_t len, Device
   reg->len = len;
   reg->device = device;
   reg->group = w.index();
-  auto err = std::make_shared<Status>();
-  im.call(w, [&w, reg, err] { w.register_wt(*reg, true, err.get()); });
-  if (!err->is_ok()) throw Error(*err);
+  // A peer must never be able to crash this process by writing into pages
+  // it cannot write: such memory is registered without remote write, and
+  // its descriptor says so, so senders refuse before posting.
+  const bool writable = !device.is_host() || engine::host_range_writable(ptr, len);
+  core::Worker* wp = &w;
+  im.call(w, [wp, reg, writable] {
+    Status e;
+    wp->register_wt(*reg, writable, &e);
+    return e;
+  });
 
   MrDesc desc;
   desc.ptr = reinterpret_cast<uint64_t>(ptr);
   desc.len = len;
   desc.device = device;
+  desc.writable = writable;
   for (size_t k = 0; k < w.nics(); ++k)
     desc.nics.push_back({w.addresses()[k], reg->mrs[k]->rkey, reg->mrs[k]->remote_base});
   {
@@ -322,7 +382,7 @@ std::pair<MrHandle, MrDesc> TransferEngine::reg_mr(void* ptr, size_t len, Device
 
 void TransferEngine::unreg_mr(MrHandle handle) {
   auto& im = *impl_;
-  im.check_running();
+  auto entered = im.enter();
   RegRef reg;
   {
     std::unique_lock lk(im.reg_mu);
@@ -339,7 +399,11 @@ void TransferEngine::unreg_mr(MrHandle handle) {
   // reads from the region, the NICs deregister it before unreg_mr returns, so
   // peers holding its descriptor are refused from then on and the caller may
   // free the memory.
-  im.call(w, [&w, reg = std::move(reg)]() mutable { w.retire_wt(std::move(reg)); });
+  core::Worker* wp = &w;
+  im.call(w, [wp, reg = std::move(reg)]() mutable {
+    wp->retire_wt(std::move(reg));
+    return Status();
+  });
 }
 
 // -------------------------------------------------------------- two-sided
@@ -347,29 +411,29 @@ void TransferEngine::unreg_mr(MrHandle handle) {
 TransferId TransferEngine::submit_send(const NetAddr& addr, std::span<const uint8_t> msg,
                                        OnDone on_done) {
   auto& im = *impl_;
-  im.check_running();
+  auto entered = im.enter();
   if (addr.empty()) throw Error(Code::kInvalidArgument, "submit_send: empty address");
   if (msg.size() > im.send_pool.buf_len)
     throw Error(Code::kInvalidArgument,
                 fmt::format("submit_send: {} bytes exceed the send buffer size {} "
                             "(EngineConfig::send_buffer_size)",
                             msg.size(), im.send_pool.buf_len));
-  uint32_t buf;
-  auto give_up = Clock::now() + std::chrono::seconds(5);
-  while (!im.send_free.try_dequeue(buf)) {
-    if (Clock::now() > give_up)
-      throw Error(
-          Code::kResourceExhausted,
-          fmt::format("submit_send: all {} send buffers in flight for 5 s", im.send_pool.count));
-    std::this_thread::yield();
-  }
+  const Clock::time_point dl = im.deadline();
+  uint32_t buf = 0;
+  Status st = im.send_free.acquire(dl, im.shared.config.queue_full == QueueFull::kBlock, &buf);
+  if (!st.is_ok()) throw Error(st);
   if (!msg.empty()) std::memcpy(im.send_pool.buffer(buf), msg.data(), msg.size());
-  return im.submit(*im.workers[0], std::move(on_done), core::SendReq{addr, buf, msg.size()});
+  try {
+    return im.submit(*im.workers[0], std::move(on_done), core::SendReq{addr, buf, msg.size()}, dl);
+  } catch (...) {
+    im.send_free.release(buf);
+    throw;
+  }
 }
 
 void TransferEngine::submit_recvs(size_t len, size_t count, RecvCallback on_recv) {
   auto& im = *impl_;
-  im.check_running();
+  auto entered = im.enter();
   if (len == 0 || count == 0)
     throw Error(Code::kInvalidArgument, "submit_recvs: len and count must be positive");
   if (count > (1u << 24) || len > (1ull << 32))
@@ -386,10 +450,13 @@ void TransferEngine::submit_recvs(size_t len, size_t count, RecvCallback on_recv
   auto reg = std::make_shared<core::Registration>();
   reg->ptr = pool->mem.get();
   reg->len = len * count;
-  auto err = std::make_shared<Status>();
   auto& w = *im.workers[0];
-  im.call(w, [&w, reg, err] { w.register_wt(*reg, false, err.get()); });
-  if (!err->is_ok()) throw Error(*err);
+  core::Worker* wp = &w;
+  im.call(w, [wp, reg] {
+    Status e;
+    wp->register_wt(*reg, false, &e);
+    return e;
+  });
   pool->reg = reg;
   uint32_t index = im.num_recv_pools++;
   im.recv_pools[index] = std::move(pool);
@@ -407,10 +474,11 @@ TransferId TransferEngine::submit_single_write(uint64_t len, std::optional<uint3
                                                uint64_t dst_offset, OnDone on_done,
                                                WriteRoute route) {
   auto& im = *impl_;
-  im.check_running();
+  auto entered = im.enter();
   RegRef reg = im.lookup(src, "submit_single_write");
   auto& w = *im.workers[reg->group];
   im.check_desc(dst, w.nics(), "submit_single_write");
+  im.check_writable(dst, "submit_single_write");
   if (!fits(src_offset, len, reg->len))
     throw Error(
         Code::kOutOfRange,
@@ -436,10 +504,11 @@ TransferId TransferEngine::submit_paged_writes(uint64_t page_len, std::optional<
                                                MrHandle src, Pages src_pages, const MrDesc& dst,
                                                Pages dst_pages, OnDone on_done) {
   auto& im = *impl_;
-  im.check_running();
+  auto entered = im.enter();
   RegRef reg = im.lookup(src, "submit_paged_writes");
   auto& w = *im.workers[reg->group];
   im.check_desc(dst, w.nics(), "submit_paged_writes");
+  im.check_writable(dst, "submit_paged_writes");
   if (src_pages.indices.size() != dst_pages.indices.size())
     throw Error(Code::kInvalidArgument,
                 fmt::format("submit_paged_writes: {} source pages but {} destination pages",
@@ -470,9 +539,10 @@ TransferId TransferEngine::submit_paged_writes(uint64_t page_len, std::optional<
 TransferId TransferEngine::submit_imm(uint32_t imm, const MrDesc& dst, OnDone on_done,
                                       WriteRoute route) {
   auto& im = *impl_;
-  im.check_running();
+  auto entered = im.enter();
   auto& w = *im.workers[0];
   im.check_desc(dst, w.nics(), "submit_imm");
+  im.check_writable(dst, "submit_imm");
   if (route.kind == WriteRoute::Kind::kPinned && route.nic >= w.nics())
     throw Error(Code::kInvalidArgument,
                 fmt::format("submit_imm: pinned NIC {} of {}", route.nic, w.nics()));
@@ -486,7 +556,7 @@ TransferId TransferEngine::submit_imm(uint32_t imm, const MrDesc& dst, OnDone on
 
 PeerGroupHandle TransferEngine::add_peer_group(const std::vector<std::vector<NetAddr>>& peers) {
   auto& im = *impl_;
-  im.check_running();
+  auto entered = im.enter();
   if (peers.empty()) throw Error(Code::kInvalidArgument, "add_peer_group: no peers");
   size_t nics = im.workers[0]->nics();
   for (size_t i = 0; i < peers.size(); ++i)
@@ -495,12 +565,14 @@ PeerGroupHandle TransferEngine::add_peer_group(const std::vector<std::vector<Net
                   fmt::format("add_peer_group: peer {} has {} addresses, this group has {} NICs", i,
                               peers[i].size(), nics));
   std::optional<PeerGroupHandle> handle;
-  for (auto& wp : im.workers) {
-    auto& w = *wp;
-    auto err = std::make_shared<Status>();
+  for (auto& owned : im.workers) {
+    core::Worker* wp = owned.get();
     auto h = std::make_shared<PeerGroupHandle>(0);
-    im.call(w, [&w, peers, err, h] { *h = w.add_peer_group_wt(peers, err.get()); });
-    if (!err->is_ok()) throw Error(*err);
+    im.call(*wp, [wp, peers, h] {
+      Status e;
+      *h = wp->add_peer_group_wt(peers, &e);
+      return e;
+    });
     if (handle && *handle != *h)
       throw Error(Code::kInternal, "add_peer_group: workers disagree on the handle");
     handle = *h;
@@ -523,7 +595,7 @@ TransferId TransferEngine::submit_scatter(std::optional<PeerGroupHandle> group, 
                                           std::optional<uint32_t> imm, MrHandle src,
                                           std::vector<ScatterDst> dsts, GroupRoute route) {
   auto& im = *impl_;
-  im.check_running();
+  auto entered = im.enter();
   RegRef reg = im.lookup(src, "submit_scatter");
   auto& w = *im.workers[reg->group];
   if (route.kind == GroupRoute::Kind::kPinned && route.nic >= w.nics())
@@ -534,6 +606,7 @@ TransferId TransferEngine::submit_scatter(std::optional<PeerGroupHandle> group, 
   for (size_t i = 0; i < dsts.size(); ++i) {
     const auto& t = dsts[i];
     im.check_desc(t.dst, w.nics(), "submit_scatter");
+    im.check_writable(t.dst, "submit_scatter");
     if (!fits(t.src_offset, t.len, reg->len))
       throw Error(Code::kOutOfRange,
                   fmt::format("submit_scatter: target {} source [{}, +{}) outside the region of {} "
@@ -553,12 +626,15 @@ TransferId TransferEngine::submit_barrier(std::optional<PeerGroupHandle> group, 
                                           uint32_t imm, std::vector<MrDesc> dsts,
                                           GroupRoute route) {
   auto& im = *impl_;
-  im.check_running();
+  auto entered = im.enter();
   auto& w = *im.workers[0];
   if (route.kind == GroupRoute::Kind::kPinned && route.nic >= w.nics())
     throw Error(Code::kInvalidArgument,
                 fmt::format("submit_barrier: pinned NIC {} of {}", route.nic, w.nics()));
-  for (const auto& d : dsts) im.check_desc(d, w.nics(), "submit_barrier");
+  for (const auto& d : dsts) {
+    im.check_desc(d, w.nics(), "submit_barrier");
+    im.check_writable(d, "submit_barrier");
+  }
   return im.submit(w, std::move(on_done), core::BarrierReq{std::move(dsts), group, imm, route});
 }
 
@@ -567,10 +643,12 @@ TransferId TransferEngine::submit_barrier(std::optional<PeerGroupHandle> group, 
 void TransferEngine::expect_imm_count(uint32_t imm, uint32_t count, ImmCountCallback cb) {
   if (count == 0) throw Error(Code::kInvalidArgument, "expect_imm_count: count must be positive");
   if (!cb) throw Error(Code::kInvalidArgument, "expect_imm_count: empty callback");
+  auto entered = impl_->enter();
   impl_->imms->expect(imm, count, std::move(cb));
 }
 
 ImmCounter TransferEngine::imm_counter(uint32_t imm) {
+  auto entered = impl_->enter();
   return impl_->imms->counter(imm);
 }
 
@@ -581,16 +659,17 @@ void TransferEngine::remove_imm_count(uint32_t imm) {
 
 void TransferEngine::on_imm(ImmCallback cb) {
   if (!cb) throw Error(Code::kInvalidArgument, "on_imm: empty callback");
+  auto entered = impl_->enter();
   impl_->imms->add_plain_callback(std::move(cb));
 }
 
 uint64_t* TransferEngine::alloc_uvm_watcher(WatcherCallback cb) {
-  impl_->check_running();
+  auto entered = impl_->enter();
   return impl_->gpu.alloc_watcher(impl_->shared.config.watcher_cpu, std::move(cb));
 }
 
 uint32_t* TransferEngine::imm_counter_gpu(uint32_t imm, uint32_t count) {
-  impl_->check_running();
+  auto entered = impl_->enter();
   return impl_->gpu.imm_counter(*impl_->imms, imm, count);
 }
 

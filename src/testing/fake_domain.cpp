@@ -272,7 +272,8 @@ class FakeDomain final : public core::Domain {
                                   info_.name, peer.id, w.rkey));
       const Region& reg = it->second;
       const uint64_t base = reinterpret_cast<uint64_t>(reg.ptr);
-      if (!reg.remote_write)
+      // Zero bytes (an immediate) touch no memory: only the key is checked.
+      if (!reg.remote_write && w.len > 0)
         return Status(Code::kFailedPrecondition,
                       fmt::format("fake NIC {}: write to peer {}: key {} is not remotely writable",
                                   info_.name, peer.id, w.rkey));

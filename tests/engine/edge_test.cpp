@@ -140,7 +140,7 @@ TEST_P(EdgeTest, DescriptorFromAPeerWithAnotherNicCountIsRejectedBeforePosting) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, EdgeTest,
-                         ::testing::Combine(::testing::Values("tcp", "shm"),
+                         ::testing::Combine(::testing::Values("tcp", "shm", "fake"),
                                             ::testing::Values(1, 2)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" +

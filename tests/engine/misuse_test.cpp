@@ -244,7 +244,7 @@ TEST_P(MisuseTest, CounterWaitPastItsTimeoutIsDeadlineExceeded) {
   EXPECT_EQ(code_of([&] { engine_->remove_imm_count(12345); }), Code::kNotFound);
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, MisuseTest, ::testing::Values("tcp", "shm"),
+INSTANTIATE_TEST_SUITE_P(Providers, MisuseTest, ::testing::Values("tcp", "shm", "fake"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -166,7 +166,7 @@ TEST_P(PropertyTest, RandomRequestsMatchTheReferenceModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, PropertyTest,
-                         ::testing::Combine(::testing::Values("tcp", "shm"),
+                         ::testing::Combine(::testing::Values("tcp", "shm", "fake"),
                                             ::testing::Values(1, 2, 4)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" +

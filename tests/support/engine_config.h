@@ -7,7 +7,8 @@
 namespace ferry::test {
 
 // Engine configuration for a provider available on every CI machine:
-// "tcp" = tcp;ofi_rxm on the loopback interface, "shm" = shared memory.
+// "tcp" = tcp;ofi_rxm on the loopback interface, "shm" = shared memory,
+// "fake" = the in-process fake NIC of src/testing (no network).
 // Several NICs are several endpoints on the same interface.
 inline EngineConfig config_for(const std::string& kind, size_t nics = 1) {
   EngineConfig c;
@@ -15,6 +16,9 @@ inline EngineConfig config_for(const std::string& kind, size_t nics = 1) {
   if (kind == "tcp") {
     c.provider = "tcp;ofi_rxm";
     c.groups[0].nic_names.assign(nics, "lo");
+  } else if (kind == "fake") {
+    c.provider = "fake";
+    c.groups[0].nic_names.assign(nics, "fake");
   } else {
     c.provider = "shm";
     c.groups[0].nic_names.assign(nics, "shm");
