@@ -601,21 +601,25 @@ class TransferEngine:
         """Call callback() on the callback thread each time `count` immediates `imm` arrived.
 
         An immediate is counted one way at a time: raises ferry.AlreadyExists when `imm`
-        already has an imm_counter; remove_imm_count(imm) first to switch. A second
-        expect_imm_count for `imm` replaces the first.
+        already has an imm_counter or an imm_counter_gpu flag; remove_imm_count(imm)
+        first to switch. A second expect_imm_count for `imm` replaces the first.
         """
         self._e.expect_imm_count(imm, count, callback)
 
     def remove_imm_count(self, imm: int) -> None:
-        """Stop counting `imm` (NotFound if it is not counted)."""
+        """Stop counting `imm` (NotFound if it is not counted), whichever way it was counted.
+
+        Waits on its ImmCounter end with ferry.Cancelled.
+        """
         self._e.remove_imm_count(imm)
 
     def imm_counter(self, imm: int) -> ImmCounter:
         """A counter of arrivals of `imm`: value, try_consume(n), wait(n, timeout).
 
         Raises ferry.AlreadyExists when `imm` is already counted another way (an
-        expect_imm_count); remove_imm_count(imm) first to switch. Its waits raise
-        ferry.Cancelled once the engine stops.
+        expect_imm_count or an imm_counter_gpu flag); remove_imm_count(imm) first to
+        switch. Every imm_counter(imm) shares one count. Its waits raise ferry.Cancelled
+        once the engine stops or remove_imm_count(imm) removes it.
         """
         return self._e.imm_counter(imm)
 
@@ -638,9 +642,9 @@ class TransferEngine:
     def imm_counter_gpu(self, imm: int, count: int) -> int:
         """Address of a device-visible 32-bit flag: each time `count` more immediates `imm`
         arrived, the NIC worker stores the next generation (1, 2, ...) with a release store.
-        A kernel waits with ferry/device.cuh's wait_flag. How it combines with another
-        mapping of `imm` is the C++ engine's rule (TransferEngine::imm_counter_gpu).
-        Raises ferry.Unimplemented in builds without CUDA."""
+        A kernel waits with ferry/device.cuh's wait_flag. Raises ferry.AlreadyExists when
+        `imm` already has an imm_counter or expect_imm_count (a second imm_counter_gpu
+        replaces the first). Raises ferry.Unimplemented in builds without CUDA."""
         return self._e.imm_counter_gpu(imm, count)
 
     # ------------------------------------------------------------------ lifetime

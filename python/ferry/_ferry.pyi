@@ -288,7 +288,7 @@ class ImmCounter:
 
     def wait(self, n: int = 1, timeout: float | None = None) -> None:
         """
-        Wait (GIL released) until n arrivals can be consumed, then consume them. Raises ferry.Timeout (consuming nothing) after `timeout` seconds; None waits forever. Raises ferry.Cancelled when the engine stops first.
+        Wait (GIL released) until n arrivals can be consumed, then consume them. Raises ferry.Timeout (consuming nothing) after `timeout` seconds; None waits forever. Raises ferry.Cancelled when the engine stops first (or remove_imm_count removes the counter).
         """
 
     def __repr__(self) -> str: ...

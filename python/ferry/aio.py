@@ -42,8 +42,8 @@ def expect_imm(engine: TransferEngine, imm: int, count: int = 1) -> "asyncio.Fut
     """An asyncio future resolved once `count` immediates `imm` arrived.
 
     Call it before the peer sends. It replaces an earlier expectation for `imm`; an
-    imm_counter for `imm` on this engine makes it raise ferry.AlreadyExists
-    (remove_imm_count first). The expectation stays installed (remove_imm_count to drop it).
+    imm_counter (or imm_counter_gpu) for `imm` on this engine makes it raise
+    ferry.AlreadyExists (remove_imm_count first). The expectation stays installed (remove_imm_count to drop it).
     """
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()

@@ -1672,7 +1672,8 @@ NB_MODULE(_ferry, m) {
            nb::sig("def wait(self, n: int = 1, timeout: float | None = None) -> None"),
            "Wait (GIL released) until n arrivals can be consumed, then consume them. Raises "
            "ferry.Timeout (consuming nothing) after `timeout` seconds; None waits forever. "
-           "Raises ferry.Cancelled when the engine stops first.")
+           "Raises ferry.Cancelled when the engine stops first (or remove_imm_count removes the "
+           "counter).")
       .def("__repr__", [](const PyImmCounter& c) {
         return "ImmCounter(imm=" + std::to_string(c.imm()) +
                ", value=" + std::to_string(c.value()) + ")";

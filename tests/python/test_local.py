@@ -346,12 +346,8 @@ def test_failed_transfer_reports_through_future_and_on_done(kind):
 # ---------------------------------------------------------------------------- immediates
 
 
-# The refusal is the C++ engine's (ImmTable raising kAlreadyExists, being added in
-# src/core); until it lands, expect_imm_count silently replaces the counter and this
-# test fails, which xfail reports without failing the suite.
-@pytest.mark.xfail(reason="needs the C++ engine's kAlreadyExists for an immediate mapped two "
-                          "ways (src/core ImmTable, not landed yet)", strict=False)
 def test_one_immediate_is_counted_one_way(pair):
+    # The refusal is the C++ engine's (ImmTable: kAlreadyExists); the binding maps it.
     a, b = pair
     _, d = b.register(np.zeros(16, np.uint8))
     fired = threading.Event()
@@ -367,9 +363,14 @@ def test_one_immediate_is_counted_one_way(pair):
     c.wait(1, timeout=20)
     a.submit_imm(22, d).result(20)
     assert fired.wait(20)
+    # the same way twice is fine: one shared counter, a replaced expectation
+    assert b.imm_counter(21).imm == 21
+    b.expect_imm_count(22, 1, fired.set)
     # removing the mapping allows the other way
     b.remove_imm_count(21)
     b.expect_imm_count(21, 1, lambda: None)
+    b.remove_imm_count(22)
+    assert b.imm_counter(22).value == 0
 
 
 # ---------------------------------------------------------------------------- callbacks and lifetime

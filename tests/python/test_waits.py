@@ -1,5 +1,6 @@
 """Blocking waits: they end with Cancelled when the engine stops, answer signals, and never
-abort the interpreter at exit (daemon threads still waiting when it finalises)."""
+abort the interpreter at exit (daemon threads still waiting when it finalises: in
+ImmCounter.wait, TransferCounter.wait and Transfer.result)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,33 @@ def test_stop_keeps_arrivals_that_are_already_there(kind):
         b.stop()
 
 
+def test_remove_imm_count_ends_waits_with_cancelled(kind):
+    # the C++ counter reports kCancelled itself here (the engine is still running)
+    e = engine_for(kind)
+    try:
+        base = ferry._ferry._blocked_waits()
+        c = e.imm_counter(36)
+        out: list = []
+
+        def waiter():
+            try:
+                c.wait(1, timeout=None)
+                out.append("returned")
+            except BaseException as ex:  # noqa: BLE001 - the test inspects it
+                out.append(ex)
+
+        t = threading.Thread(target=waiter, daemon=True)
+        t.start()
+        _wait_for(lambda: ferry._ferry._blocked_waits() == base + 1, 20, "the thread inside wait()")
+        e.remove_imm_count(36)
+        t.join(10)
+        assert not t.is_alive(), "the waiter stayed blocked after remove_imm_count"
+        assert isinstance(out[0], ferry.Cancelled), out
+        assert not e.stopped
+    finally:
+        e.stop()
+
+
 def test_cancelled_from_the_engine_is_the_cancelled_class():
     e = ferry._ferry.make_error("CANCELLED", "stopped")
     assert type(e) is ferry.Cancelled and e.code == "CANCELLED"
@@ -135,6 +163,7 @@ threads = [
     threading.Thread(target=counters[1].wait, args=(1, 30), daemon=True),
     threading.Thread(target=finite_waits, args=(counters[2], 0.15), daemon=True),
     threading.Thread(target=tc.wait, args=(1, None), daemon=True),
+    threading.Thread(target=ferry.Transfer().result, args=(None,), daemon=True),  # never resolved
     threading.Thread(target=finite_waits, args=(counters[3], 0.001), daemon=True),
     threading.Thread(target=finite_waits, args=(counters[4], 0.001), daemon=True),
 ]
