@@ -68,32 +68,35 @@ void Worker::stop() {
 }
 
 Status SendBuffers::acquire(Clock::time_point deadline, bool wait, uint32_t* out) {
-  auto stopped = [] { return Status(Code::kFailedPrecondition, "the transfer engine is stopped"); };
-  if (closed_.load(std::memory_order_acquire)) return stopped();
-  if (free_.try_dequeue(*out)) return {};
-  auto none = [] {
-    return Status(Code::kResourceExhausted,
-                  "submit_send: every send buffer is in flight (EngineConfig::send_buffer_count)");
-  };
-  if (!wait) return none();
-  waiters_.fetch_add(1, std::memory_order_seq_cst);
   std::unique_lock lk(mu_);
+  ++waiters_;
   Status st;
   for (;;) {
-    if (closed_.load(std::memory_order_acquire)) {
-      st = stopped();
+    if (closed_) {
+      st = Status(Code::kFailedPrecondition, "the transfer engine is stopped");
       break;
     }
-    if (free_.try_dequeue(*out)) break;
+    if (!free_.empty()) {
+      *out = free_.back();
+      free_.pop_back();
+      break;
+    }
+    const Status none(Code::kResourceExhausted,
+                      "submit_send: every send buffer is in flight "
+                      "(EngineConfig::send_buffer_count)");
+    if (!wait) {
+      st = none;
+      break;
+    }
     if (deadline == Clock::time_point{}) {
       cv_.wait(lk);
-    } else if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
-      if (!free_.try_dequeue(*out)) st = none();
+    } else if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && free_.empty() &&
+               !closed_) {
+      st = none;
       break;
     }
   }
-  lk.unlock();
-  waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  --waiters_;
   return st;
 }
 

@@ -133,31 +133,34 @@ struct RecvPool : BufferPool {
 
 // Indices of free send buffers. A submitter finding none waits (up to its
 // deadline) or is refused, as EngineConfig::queue_full says; stop wakes it.
+// A plain locked stack: taken once per send by the submitter and given back
+// once by the worker, so the lock is short and rarely contended.
 class SendBuffers {
  public:
+  void reserve(size_t n) {
+    std::lock_guard lk(mu_);
+    free_.reserve(n);
+  }
   void release(uint32_t i) {
-    free_.enqueue(i);
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with acquire()
-    if (waiters_.load(std::memory_order_relaxed) > 0) {
-      std::lock_guard lk(mu_);
-      cv_.notify_one();
-    }
+    std::lock_guard lk(mu_);
+    free_.push_back(i);
+    if (waiters_ > 0) cv_.notify_one();
   }
   // kOk with *out set; kResourceExhausted when none came by the deadline (at
   // once when !wait); kFailedPrecondition once closed.
   Status acquire(Clock::time_point deadline, bool wait, uint32_t* out);
   void close() {
-    closed_.store(true, std::memory_order_seq_cst);
     std::lock_guard lk(mu_);
+    closed_ = true;
     cv_.notify_all();
   }
 
  private:
-  moodycamel::ConcurrentQueue<uint32_t> free_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::atomic<int32_t> waiters_{0};
-  std::atomic<bool> closed_{false};
+  std::vector<uint32_t> free_;
+  int32_t waiters_ = 0;
+  bool closed_ = false;
 };
 
 struct EngineShared {

@@ -272,6 +272,7 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
     throw Error(err);
   }
   sp.reg = reg;
+  im.send_free.reserve(sp.count);
   for (uint32_t i = 0; i < sp.count; ++i) im.send_free.release(i);
 }
 

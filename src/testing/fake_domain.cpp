@@ -47,7 +47,12 @@ struct Endpoint {
   std::vector<Completion> inbound;
   std::deque<RecvBuf> recvs;
   std::atomic<size_t> inbound_size{0};
+  // Closed with the last reference: a peer may still be waking us while our
+  // NIC closes.
   int efd = -1;
+  ~Endpoint() {
+    if (efd >= 0) ::close(efd);
+  }
 
   void deliver(const Completion& c) {
     {
@@ -114,7 +119,6 @@ class FakeDomain final : public core::Domain {
       std::lock_guard lk(fab.mu);
       fab.eps.erase(ep_->id);
     }
-    ::close(ep_->efd);
   }
 
   const core::DomainInfo& info() const override { return info_; }
