@@ -273,7 +273,8 @@ class TransferEngine:
         worker_cpu: core to pin the worker thread to (-1: no pinning).
         callback_cpu: core to pin the callback thread to (-1: no pinning).
         poll_mode: "adaptive" (spin, then block; default) or "busy" (spin forever).
-        default_timeout: deadline in seconds for transfers and sends (None: none).
+        default_timeout: deadline in seconds for transfers and sends (default 30; None or
+            0: none).
         groups: advanced: a list of ferry.Group (one per device, e.g. per GPU); replaces
             nics/worker_cpu.
         send_buffer_size, send_buffer_count: the pool that copies submit_send payloads.
@@ -298,7 +299,7 @@ class TransferEngine:
         worker_cpu: int = -1,
         callback_cpu: int = -1,
         poll_mode: str = "adaptive",
-        default_timeout: Optional[float] = None,
+        default_timeout: Optional[float] = 30.0,
         *,
         groups: Optional[Sequence[Group]] = None,
         send_buffer_size: int = 64 << 10,

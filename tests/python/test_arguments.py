@@ -310,3 +310,10 @@ def test_scatter_tuples_write_the_right_bytes(engines):
     assert dst[0:64].tobytes() == src[0:64].tobytes()
     assert dst[1024:1088].tobytes() == src[256:320].tobytes()
     assert dst[2048:2080].tobytes() == src[512:544].tobytes()
+
+
+def test_transfers_have_a_finite_default_deadline():
+    import inspect
+
+    default = inspect.signature(ferry.TransferEngine.__init__).parameters["default_timeout"].default
+    assert default is not None and 0 < default < float("inf")
