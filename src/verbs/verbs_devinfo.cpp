@@ -299,15 +299,14 @@ std::vector<std::string> ibv_device_names(std::string* note) {
 }
 
 std::vector<RdmaDevice> describe_rdma_devices(const std::string& root,
-                                                    const std::vector<std::string>& names) {
+                                              const std::vector<std::string>& names) {
   std::vector<RdmaDevice> out;
   out.reserve(names.size());
   for (const auto& n : names) out.push_back(read_rdma_device(root, n));
   return out;
 }
 
-std::vector<RdmaDevice> probe_verbs_devices(const std::string& sysfs_root,
-                                                  std::string* note) {
+std::vector<RdmaDevice> probe_verbs_devices(const std::string& sysfs_root, std::string* note) {
   return describe_rdma_devices(sysfs_root, ibv_device_names(note));
 }
 

@@ -101,6 +101,6 @@ RdmaDevice read_rdma_device(const std::string& root, const std::string& dev);
 std::vector<std::string> ibv_device_names(std::string* note);
 // The devices named, described from the sysfs tree at root.
 std::vector<RdmaDevice> describe_rdma_devices(const std::string& root,
-                                                    const std::vector<std::string>& names);
+                                              const std::vector<std::string>& names);
 
 }  // namespace ferry::verbs
