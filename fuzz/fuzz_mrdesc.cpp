@@ -103,10 +103,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   x.device.kind = Device::Kind(fdp.ConsumeIntegralInRange<uint8_t>(0, 2));
   x.device.ordinal = fdp.ConsumeBool() ? fdp.ConsumeIntegralInRange<int32_t>(0, 15)
                                        : fdp.ConsumeIntegral<int32_t>();
+  x.writable = fdp.ConsumeBool();
   size_t n = fdp.ConsumeIntegralInRange<size_t>(0, kMaxDescNics + 2);
   for (size_t i = 0; i < n && fdp.remaining_bytes() > 0; ++i) {
     MrDesc::Nic nic;
-    auto t = Transport(fdp.ConsumeIntegralInRange<uint8_t>(1, 3));
+    auto t = Transport(fdp.ConsumeIntegralInRange<uint8_t>(1, 4));
     auto inc = fdp.ConsumeIntegral<uint64_t>();
     auto raw = fdp.ConsumeBytes<uint8_t>(fdp.ConsumeIntegralInRange<size_t>(1, 64));
     if (!raw.empty()) nic.addr = NetAddr(t, inc, raw);  // empty raw: leave the address empty

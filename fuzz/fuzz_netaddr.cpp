@@ -59,7 +59,7 @@ void check_decoded(const NetAddr& a, std::span<const uint8_t> in) {
   FUZZ_CHECK(a.bytes().size() >= NetAddr::kHeaderSize);
   FUZZ_CHECK(uint8_t(a.transport()) == in[1]);
   FUZZ_CHECK(a.transport() == Transport::kFabric || a.transport() == Transport::kVerbs ||
-             a.transport() == Transport::kNvlink);
+             a.transport() == Transport::kNvlink || a.transport() == Transport::kFake);
   uint64_t inc = 0;
   for (int i = 0; i < 8; ++i) inc |= uint64_t(in[2 + i]) << (8 * i);
   FUZZ_CHECK(a.incarnation() == inc);
@@ -108,7 +108,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto t = fdp.ConsumeIntegral<uint8_t>();
   auto inc = fdp.ConsumeIntegral<uint64_t>();
   auto raw = fdp.ConsumeRemainingBytes<uint8_t>();
-  bool valid_t = t >= uint8_t(Transport::kFabric) && t <= uint8_t(Transport::kNvlink);
+  bool valid_t = t >= uint8_t(Transport::kFabric) && t <= uint8_t(Transport::kFake);
   if (valid_t) {
     std::optional<NetAddr> c;
     bool ok = decodes([&] { c = NetAddr(Transport(t), inc, raw); });

@@ -162,8 +162,12 @@ MrDesc MrDesc::from_bytes(std::span<const uint8_t> bytes) {
   if (d.device.ordinal < 0) throw Error(Code::kInvalidArgument, "MrDesc: negative device ordinal");
   if (version == kVersionFlags) {
     auto flags = r.get<uint8_t>();
-    if (flags & ~kFlagReadOnly)
-      throw Error(Code::kInvalidArgument, fmt::format("MrDesc: unknown flags {:#x}", flags));
+    // One encoding per descriptor: a writable region is written as version 1.
+    if (flags != kFlagReadOnly)
+      throw Error(Code::kInvalidArgument,
+                  fmt::format("MrDesc: version 2 with flags {:#x} (only {:#x}, read-only, is "
+                              "defined; writable regions are version 1)",
+                              flags, kFlagReadOnly));
     d.writable = !(flags & kFlagReadOnly);
   }
   auto n = r.get<uint8_t>();
