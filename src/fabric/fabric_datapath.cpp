@@ -27,6 +27,7 @@
 #include <rdma/fi_rma.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include <fmt/format.h>
 #include "core/log.h"
@@ -48,6 +49,7 @@ core::Completion::Kind completion_kind(OpKind kind) noexcept {
       return core::Completion::Kind::kRecv;
     case OpKind::kWrite:
     case OpKind::kFree:
+    case OpKind::kOrphan:
       break;
   }
   return core::Completion::Kind::kWrite;
@@ -80,11 +82,83 @@ Status FabricDomain::post_error(const char* call, ssize_t ret) const {
                             fi_strerror(static_cast<int>(-ret)), ret));
 }
 
+namespace {
+
+// Liveness of an shm peer is asked at most this often while posting to it,
+// always before a write of at least kLargeWrite bytes, and at most every
+// kBusyPeriod while its region lock is taken or posts would block.
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+constexpr auto kBusyPeriod = std::chrono::milliseconds(1);
+constexpr uint64_t kLargeWrite = 1 << 20;
+constexpr uint32_t kEagainStreak = 16;
+constexpr auto kUnstickPeriod = std::chrono::milliseconds(10);
+// How long to wait, polling the word, for a peer's region lock before
+// treating it as back-pressure.
+constexpr auto kLockSpin = std::chrono::microseconds(20);
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+int64_t now_ns(Clock::time_point t) noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+}  // namespace
+
+void FabricDomain::check_shm_peer(ShmPeer& p, Clock::time_point now, Clock::duration period) {
+  if (p.dead || !p.watch) return;
+  if (period > Clock::duration::zero() && now - p.last_check < period) return;
+  p.last_check = now;
+  if (!p.watch->exited()) return;
+  p.dead = true;
+  orphan_scan_ = true;
+  orphan_pos_ = 0;
+  core::log().warn(
+      "fabric NIC '{}': shm peer {} (pid {}) has exited; failing what is in flight to "
+      "it and refusing further work",
+      res_->nic_name, p.name, p.pid);
+}
+
+bool FabricDomain::shm_peer_postable(ShmPeer& p, uint64_t len, const char* call, Status* error,
+                                     Clock::time_point* when) {
+  auto now = Clock::now();
+  *when = now;
+  if (!p.dead) {
+    check_shm_peer(p, now, len >= kLargeWrite ? Clock::duration::zero() : kLivenessPeriod);
+    if (!p.dead && p.lock != nullptr) {
+      // The provider would spin on this lock with no way out should its
+      // holder die: wait for it here instead, a bounded while.
+      const int unlocked = spin_unlocked_value();
+      const auto give_up = now + kLockSpin;
+      while (__atomic_load_n(p.lock, __ATOMIC_RELAXED) != unlocked) {
+        cpu_relax();
+        if ((*when = now = Clock::now()) < give_up) continue;
+        check_shm_peer(p, now, kBusyPeriod);
+        if (!p.dead) return false;  // back-pressure
+        break;
+      }
+    }
+  }
+  if (p.dead) {
+    *error = dead_peer_status(p, call);
+    return false;
+  }
+  return true;
+}
+
 core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writes) {
   core::PostResult result;
   for (const core::WriteDesc& w : writes) {
+    ShmPeer* sp = shm_peer(w.peer);
+    Clock::time_point now{};
+    if (sp != nullptr && !shm_peer_postable(*sp, w.len, "fi_writemsg to", &result.error, &now))
+      break;
     OpEntry* op = pool_->acquire(OpKind::kWrite, w.ctx);
     if (op == nullptr) break;  // every context in flight: back-pressure
+    op->peer = w.peer;
 
     // FI_COMPLETION: the engine counts a local completion for every write,
     // even on an endpoint bound with selective completion.
@@ -109,6 +183,11 @@ core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writ
     msg_.desc = no_iov ? nullptr : desc_;
     msg_.iov_count = no_iov ? 0 : 1;
 
+    const bool watched = sp != nullptr && sp->lock != nullptr;
+    if (watched) {
+      posting_peer_.store(sp, std::memory_order_relaxed);
+      posting_since_ns_.store(now_ns(now), std::memory_order_release);
+    }
     ssize_t ret = fi_writemsg(ep_, &msg_, flags);
     if (ret == -FI_EINVAL && no_iov) {
       // Remember the provider's preference and retry with an empty iovec.
@@ -119,8 +198,19 @@ core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writ
       msg_.iov_count = 1;
       ret = fi_writemsg(ep_, &msg_, flags);
     }
+    if (watched) posting_since_ns_.store(0, std::memory_order_release);
+    if (sp != nullptr) {
+      // A post that blocks again and again may be waiting for a dead peer.
+      if (ret == -FI_EAGAIN && ++sp->eagain_streak >= kEagainStreak) {
+        sp->eagain_streak = 0;
+        check_shm_peer(*sp, Clock::now(), kBusyPeriod);
+      } else if (ret != -FI_EAGAIN) {
+        sp->eagain_streak = 0;
+      }
+    }
     if (ret == 0) {
       ++result.posted;
+      ++tx_in_flight_;
       continue;
     }
     pool_->release(op);
@@ -134,11 +224,23 @@ core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writ
 core::PostResult FabricDomain::post_send(core::PeerId peer, const void* buf, size_t len,
                                          void* local_desc, uint64_t ctx) {
   core::PostResult result;
+  ShmPeer* sp = shm_peer(peer);
+  Clock::time_point now{};
+  if (sp != nullptr && !shm_peer_postable(*sp, len, "fi_send to", &result.error, &now))
+    return result;
   OpEntry* op = pool_->acquire(OpKind::kSend, ctx);
   if (op == nullptr) return result;
+  op->peer = peer;
+  const bool watched = sp != nullptr && sp->lock != nullptr;
+  if (watched) {
+    posting_peer_.store(sp, std::memory_order_relaxed);
+    posting_since_ns_.store(now_ns(now), std::memory_order_release);
+  }
   const ssize_t ret = fi_send(ep_, buf, len, local_desc, peer, op);
+  if (watched) posting_since_ns_.store(0, std::memory_order_release);
   if (ret == 0) {
     result.posted = 1;
+    ++tx_in_flight_;
     return result;
   }
   pool_->release(op);
@@ -224,6 +326,11 @@ bool FabricDomain::map_completion(const fi_cq_data_entry& e, core::Completion* o
                      res_->nic_name, e.op_context, e.flags);
     return false;
   }
+  if (op->kind == OpKind::kOrphan) {  // already failed towards the caller
+    if (orphans_ > 0) --orphans_;
+    pool_->release(op);
+    return false;
+  }
   switch (op->kind) {
     case OpKind::kInternalRecv:
       // Only possible when a peer sends a message while no caller receive is
@@ -240,7 +347,11 @@ bool FabricDomain::map_completion(const fi_cq_data_entry& e, core::Completion* o
       break;
     case OpKind::kWrite:
     case OpKind::kSend:
+      if (tx_in_flight_ > 0) --tx_in_flight_;
+      fill(out, completion_kind(op->kind), op->user_ctx, 0, 0);
+      break;
     case OpKind::kFree:
+    case OpKind::kOrphan:
       fill(out, completion_kind(op->kind), op->user_ctx, 0, 0);
       break;
   }
@@ -260,6 +371,11 @@ int FabricDomain::map_error(core::Completion* out) {
   }
   OpEntry* op = pool_->from_context(err.op_context);
   if (op != nullptr && op->kind == OpKind::kFree) op = nullptr;
+  if (op != nullptr && op->kind == OpKind::kOrphan) {  // already failed towards the caller
+    if (orphans_ > 0) --orphans_;
+    pool_->release(op);
+    return 0;
+  }
   char buf[256];
   const char* text = fi_cq_strerror(cq_, err.prov_errno, err.err_data, buf, sizeof(buf));
   const char* what = op != nullptr                         ? op_kind_name(op->kind)
@@ -289,14 +405,69 @@ int FabricDomain::map_error(core::Completion* out) {
     }
     return 0;
   }
+  if ((op->kind == OpKind::kWrite || op->kind == OpKind::kSend) && tx_in_flight_ > 0)
+    --tx_in_flight_;
   fill(out, completion_kind(op->kind), op->user_ctx, 0, 0);
   out->status = std::move(status);
   pool_->release(op);
   return 1;
 }
 
+size_t FabricDomain::fail_orphans(std::span<core::Completion> out) {
+  size_t n = 0;
+  for (; orphan_pos_ < pool_->capacity() && n < out.size(); ++orphan_pos_) {
+    OpEntry* op = pool_->at(orphan_pos_);
+    if (op->kind != OpKind::kWrite && op->kind != OpKind::kSend) continue;
+    ShmPeer* p = shm_peer(op->peer);
+    if (p == nullptr || !p->dead) continue;
+    // The provider completes nothing aimed at a process that is gone until
+    // unstick_responses answers for it; the entry stays taken until then
+    // (its completion then just releases it).
+    fill(&out[n], completion_kind(op->kind), op->user_ctx, 0, 0);
+    out[n].status =
+        dead_peer_status(*p, op->kind == OpKind::kWrite ? "write abandoned:" : "send abandoned:");
+    ++n;
+    op->kind = OpKind::kOrphan;
+    ++orphans_;
+    if (tx_in_flight_ > 0) --tx_in_flight_;
+  }
+  if (orphan_pos_ >= pool_->capacity()) orphan_scan_ = false;
+  return n;
+}
+
+void FabricDomain::check_shm_peers(Clock::time_point now) {
+  for (auto& [addr, p] : shm_peers_) check_shm_peer(*p, now, kLivenessPeriod);
+}
+
+void FabricDomain::orphan_dead_peers(Clock::time_point now) {
+  for (auto& [addr, p] : shm_peers_) check_shm_peer(*p, now, Clock::duration::zero());
+  for (size_t i = 0; i < pool_->capacity(); ++i) {
+    OpEntry* op = pool_->at(i);
+    if (op->kind != OpKind::kWrite && op->kind != OpKind::kSend) continue;
+    ShmPeer* p = shm_peer(op->peer);
+    if (p == nullptr || !p->dead) continue;
+    op->kind = OpKind::kOrphan;
+    ++orphans_;
+    if (tx_in_flight_ > 0) --tx_in_flight_;
+  }
+  orphan_scan_ = false;
+}
+
 size_t FabricDomain::poll(std::span<core::Completion> out) {
   size_t n = repost_count_ > 0 ? retry_reposts(out) : 0;
+  if (shm_ && (tx_in_flight_ > 0 || orphans_ > 0) && !shm_peers_.empty()) {
+    const auto now = Clock::now();
+    // Writes in flight to a peer that died would never complete.
+    if (tx_in_flight_ > 0 && now >= next_peer_check_) {
+      next_peer_check_ = now + kLivenessPeriod;
+      check_shm_peers(now);
+    }
+    if (orphans_ > 0 && own_region_ != nullptr && now >= next_unstick_) {
+      next_unstick_ = now + kUnstickPeriod;
+      unstick_responses(now);
+    }
+  }
+  if (orphan_scan_) n += fail_orphans(out.subspan(n));
   while (n < out.size()) {
     fi_cq_data_entry entries[kCqBatch];
     // Each CQ entry yields at most one Completion, so never read more than fits.

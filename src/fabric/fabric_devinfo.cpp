@@ -1,6 +1,7 @@
 // NIC discovery through fi_getinfo.
 #include <rdma/fabric.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -86,6 +87,19 @@ std::string pci_address(const fi_info* info) {
 }
 
 }  // namespace
+
+std::vector<std::string> usable_domain_names(const std::string& provider, bool hmem, int* ret) {
+  std::vector<std::string> names;
+  InfoPtr list = query(provider, hmem, ret);
+  for (const fi_info* info = list.get(); info != nullptr; info = info->next) {
+    if (!info_usable(info, provider)) continue;
+    if (hmem && (info->caps & FI_HMEM) == 0) continue;
+    std::string name = info->domain_attr->name;
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      names.push_back(std::move(name));
+  }
+  return names;
+}
 
 std::vector<FabricNicInfo> list_fabric_nics(const std::string& provider) {
   std::vector<FabricNicInfo> nics;

@@ -5,7 +5,13 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +19,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <string_view>
@@ -62,6 +69,8 @@ const char* op_kind_name(OpKind kind) noexcept {
       return "recv";
     case OpKind::kInternalRecv:
       return "internal recv";
+    case OpKind::kOrphan:
+      return "abandoned op";
     case OpKind::kFree:
       break;
   }
@@ -85,6 +94,7 @@ OpEntry* OpPool::acquire(OpKind kind, uint64_t user_ctx) noexcept {
   e->buf = nullptr;
   e->desc = nullptr;
   e->len = 0;
+  e->peer = FI_ADDR_NOTAVAIL;
   return e;
 }
 
@@ -123,38 +133,45 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
   fi_info* raw_list = nullptr;
   int ret = fi_getinfo(kFabricApiVersion, nullptr, nullptr, 0, hints.get(), &raw_list);
   InfoPtr list(ret == 0 ? raw_list : nullptr);
-  const std::string wanted =
-      options.nic_name.empty() ? fmt::format("#{}", options.nic_index) : options.nic_name;
-  if (ret != 0) {
-    set_error(error, Status(Code::kUnavailable,
-                            fmt::format("fabric: provider '{}' offers no usable domain {}{}: "
-                                        "fi_getinfo failed: {} ({})",
-                                        provider, wanted, want_hmem ? " with FI_HMEM" : "",
-                                        fi_strerror(-ret), ret)));
-    return nullptr;
-  }
+  const std::string wanted = options.nic_name.empty() ? fmt::format("#{}", options.nic_index)
+                                                      : fmt::format("'{}'", options.nic_name);
+  const char* hmem_note = want_hmem ? " with FI_HMEM" : "";
 
   // Several entries may describe one domain (e.g. tcp offers IPv4 and IPv6
   // fabrics on "lo"); the first one of a domain wins.
   const fi_info* chosen = nullptr;
   std::vector<std::string> seen;
-  for (const fi_info* i = list.get(); i != nullptr && chosen == nullptr; i = i->next) {
+  for (const fi_info* i = list.get(); i != nullptr; i = i->next) {
     if (!info_usable(i, provider)) continue;
     const std::string name = i->domain_attr->name;
+    const bool first_of_domain = std::find(seen.begin(), seen.end(), name) == seen.end();
+    if (first_of_domain) seen.push_back(name);
+    if (chosen != nullptr) continue;
     if (!options.nic_name.empty()) {
       if (name == options.nic_name) chosen = i;
-      continue;
+    } else if (first_of_domain && seen.size() - 1 == options.nic_index) {
+      chosen = i;
     }
-    if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
-    if (seen.size() == options.nic_index) chosen = i;
-    seen.push_back(name);
   }
   if (chosen == nullptr) {
+    // The hints name the NIC, so fi_getinfo answers "no data" for a name it
+    // does not know: ask again for every domain, to say which ones exist.
+    int all_ret = 0;
+    std::vector<std::string> offered =
+        options.nic_name.empty() ? seen : usable_domain_names(provider, want_hmem, &all_ret);
+    if (offered.empty()) {
+      const int why = ret != 0 ? ret : all_ret != 0 ? all_ret : -FI_ENODATA;
+      set_error(error, Status(Code::kUnavailable,
+                              fmt::format("fabric: provider '{}' offers no usable domain{} (RDM, "
+                                          "RMA and 4-byte remote CQ data): fi_getinfo failed: "
+                                          "{} ({})",
+                                          provider, hmem_note, fi_strerror(-why), why)));
+      return nullptr;
+    }
     set_error(error, Status(Code::kNotFound,
-                            fmt::format(
-                                "fabric: provider '{}' has no domain {} with RDM, RMA and 4-byte "
-                                "remote CQ data (fi_getinfo: {}; usable domains: [{}])",
-                                provider, wanted, fi_strerror(FI_ENODATA), fmt::join(seen, ", "))));
+                            fmt::format("fabric: provider '{}' has no domain {}{}; the domains it "
+                                        "offers with RDM, RMA and 4-byte remote CQ data are [{}]",
+                                        provider, wanted, hmem_note, fmt::join(offered, ", "))));
     return nullptr;
   }
 
@@ -310,6 +327,15 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
   }
   d->info_.max_msg_size = info->ep_attr != nullptr ? info->ep_attr->max_msg_size : 0;
   d->info_.transport = Transport::kFabric;
+  d->rxm_ = d->info_.provider.find("ofi_rxm") != std::string::npos;
+  d->shm_ = d->info_.provider == "shm";
+  if (d->shm_) {
+    const std::string_view own(
+        reinterpret_cast<const char*>(d->address_.data()),
+        strnlen(reinterpret_cast<const char*>(d->address_.data()), d->address_.size()));
+    d->own_region_ = map_own_shm_region(own, &d->shm_version_, &d->own_region_len_);
+    d->shm_layout_ok_ = d->own_region_ != nullptr;
+  }
 
   core::log().info(
       "ferry fabric: opened provider={} fabric={} domain={} mr_mode={} mode={:#x} "
@@ -321,7 +347,9 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
   return d;
 }
 
-FabricDomain::~FabricDomain() = default;
+FabricDomain::~FabricDomain() {
+  close_all();
+}
 
 // A host buffer registered as GPU memory (or the reverse) would make the
 // provider pick the wrong copy path and fail far from the cause, or corrupt
@@ -432,7 +460,14 @@ std::unique_ptr<core::DomainMr> FabricDomain::register_mr(void* ptr, size_t len,
   // The descriptor is passed even without FI_MR_LOCAL: with FI_HMEM it is how
   // the provider learns that a buffer is device memory.
   void* desc = fi_mr_desc(mr.get());
-  auto out = std::make_unique<FabricMr>(res_, std::move(mr));
+  const uint64_t id = res_->add_mr(std::move(mr));
+  if (id == 0) {
+    set_error(error,
+              Status(Code::kFailedPrecondition,
+                     fmt::format("fabric NIC '{}': fi_mr_regattr: the domain is closing", nic)));
+    return nullptr;
+  }
+  auto out = std::make_unique<FabricMr>(res_, id);
   out->local_desc = desc;
   out->rkey = key;
   // Without FI_MR_VIRT_ADDR the target addresses are offsets into the region.
@@ -537,6 +572,11 @@ core::PeerId FabricDomain::add_peer(std::span<const uint8_t> raw, Status* error)
     return 0;
   }
   peers_.emplace(std::move(key), addr);
+  if (shm_) {
+    track_shm_peer(
+        addr, std::string_view(reinterpret_cast<const char*>(raw.data()),
+                               strnlen(reinterpret_cast<const char*>(raw.data()), raw.size())));
+  }
   set_error(error, Status::ok());
   return addr;
 }
@@ -551,6 +591,12 @@ void FabricDomain::remove_peer(core::PeerId peer) {
                        fi_strerror(-ret), ret);
     }
     peers_.erase(it);
+    if (auto sp = shm_peers_.find(peer); sp != shm_peers_.end()) {
+      removed_shm_peers_.push_back(std::move(sp->second));
+      shm_peers_.erase(sp);
+      last_shm_addr_ = FI_ADDR_NOTAVAIL;
+      last_shm_peer_ = nullptr;
+    }
     return;
   }
 }
@@ -559,6 +605,421 @@ bool FabricDomain::can_block() {
   if (wait_fd_ < 0) return false;
   fid* fids[1] = {&cq_->fid};
   return fi_trywait(res_->fabric.get(), fids, 1) == FI_SUCCESS;
+}
+
+// ------------------------------------------------------------ registrations
+
+uint64_t FabricResources::add_mr(FidPtr<fid_mr> mr) {
+  std::lock_guard lk(mr_mu_);
+  if (mrs_closed_) return 0;  // `mr` closes on return
+  const uint64_t id = next_mr_id_++;
+  mrs_.emplace(id, std::move(mr));
+  return id;
+}
+
+void FabricResources::close_mr(uint64_t id) noexcept {
+  FidPtr<fid_mr> mr;
+  {
+    std::lock_guard lk(mr_mu_);
+    auto it = mrs_.find(id);
+    if (it == mrs_.end()) return;  // the Domain closed it already
+    mr = std::move(it->second);
+    mrs_.erase(it);
+  }
+}
+
+size_t FabricResources::close_all_mrs() noexcept {
+  std::unordered_map<uint64_t, FidPtr<fid_mr>> mrs;
+  {
+    std::lock_guard lk(mr_mu_);
+    mrs_closed_ = true;
+    mrs.swap(mrs_);
+  }
+  return mrs.size();  // closed here
+}
+
+// ---------------------------------------------------------------- shm peers
+
+ProcessWatch::ProcessWatch(pid_t pid) {
+#ifdef SYS_pidfd_open
+  const long fd = ::syscall(SYS_pidfd_open, pid, 0);
+  if (fd >= 0) pidfd_ = int(fd);
+#else
+  (void)pid;
+#endif
+}
+
+ProcessWatch::~ProcessWatch() {
+  if (pidfd_ >= 0) ::close(pidfd_);
+}
+
+bool ProcessWatch::exited() const noexcept {
+  if (pidfd_ < 0) return false;
+  pollfd p{pidfd_, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
+ShmPeer::~ShmPeer() {
+  if (map != nullptr) ::munmap(map, map_len);
+}
+
+int spin_unlocked_value() noexcept {
+  static_assert(sizeof(pthread_spinlock_t) == sizeof(int));
+  static const int value = [] {
+    pthread_spinlock_t l;
+    pthread_spin_init(&l, PTHREAD_PROCESS_SHARED);
+    int v = 0;
+    std::memcpy(&v, const_cast<const void*>(static_cast<volatile void*>(&l)), sizeof(v));
+    pthread_spin_destroy(&l);
+    return v;
+  }();
+  return value;
+}
+
+pid_t shm_name_pid(std::string_view name) noexcept {
+  static constexpr std::string_view kScheme = "fi_shm://";
+  if (name.starts_with(kScheme)) name.remove_prefix(kScheme.size());
+  long pid = 0;
+  size_t i = 0;
+  for (; i < name.size() && i < 10 && name[i] >= '0' && name[i] <= '9'; ++i)
+    pid = pid * 10 + (name[i] - '0');
+  if (i == 0 || i >= name.size() || name[i] != ':' || pid <= 0 || pid > INT32_MAX) return 0;
+  return pid_t(pid);
+}
+
+namespace {
+
+std::string shm_path(std::string_view name) {
+  static constexpr std::string_view kScheme = "fi_shm://";
+  if (name.starts_with(kScheme)) name.remove_prefix(kScheme.size());
+  return "/dev/shm/" + std::string(name);
+}
+
+// The head of a region file, mapped shared (read-write: the rescuer may
+// release its lock). Null on failure; *size gets the file's size.
+void* map_region_head(const std::string& path, size_t* map_len, uint64_t* size) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  void* p = MAP_FAILED;
+  const size_t len = size_t(::sysconf(_SC_PAGESIZE));
+  if (::fstat(fd, &st) == 0 && uint64_t(st.st_size) >= len)
+    p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  *map_len = len;
+  *size = uint64_t(st.st_size);
+  return p;
+}
+
+template <typename T>
+T read_at(const void* base, size_t off) {
+  T v;
+  std::memcpy(&v, static_cast<const uint8_t*>(base) + off, sizeof(v));
+  return v;
+}
+
+// Whether /proc/<pid>/maps shows `path` mapped (at `start`, when given).
+bool maps_region(pid_t pid, const std::string& path, const uintptr_t* start = nullptr) {
+  std::ifstream maps(pid == ::getpid() ? std::string("/proc/self/maps")
+                                       : fmt::format("/proc/{}/maps", pid));
+  for (std::string line; std::getline(maps, line);) {
+    const size_t slash = line.find('/');
+    if (slash == std::string::npos || std::string_view(line).substr(slash) != path) continue;
+    if (start == nullptr || uintptr_t(std::strtoull(line.c_str(), nullptr, 16)) == *start)
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void* map_own_shm_region(std::string_view name, uint8_t* version, size_t* len) {
+  using namespace shm_layout;
+  const std::string path = shm_path(name);
+  std::string why;
+  void* region = nullptr;
+  uint64_t size = 0;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || st.st_size < 4096) {
+    why = fmt::format("cannot open {}: {}", path, std::strerror(errno));
+  } else {
+    size = uint64_t(st.st_size);
+    region = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (region == MAP_FAILED) {
+      region = nullptr;
+      why = fmt::format("cannot map {}: {}", path, std::strerror(errno));
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  const uintptr_t base = region != nullptr ? read_at<uintptr_t>(region, kBaseAddr) : 0;
+  if (region == nullptr) {
+  } else if (read_at<int>(region, kPid) != ::getpid()) {
+    why = fmt::format("pid field {} is not ours ({})", read_at<int>(region, kPid), ::getpid());
+  } else if (read_at<uint64_t>(region, kTotalSize) != size) {
+    why = fmt::format("size field {} is not the file's size {}",
+                      read_at<uint64_t>(region, kTotalSize), size);
+  } else if (read_at<int>(region, kLock) != spin_unlocked_value()) {
+    why = fmt::format("lock field {} is not an unlocked spinlock", read_at<int>(region, kLock));
+  } else if (base == reinterpret_cast<uintptr_t>(region) || !maps_region(::getpid(), path, &base)) {
+    why = fmt::format("base address field {:#x} is not where the provider mapped the region", base);
+  } else {
+    // A fresh endpoint's response queue: empty, a power-of-two ring inside
+    // the region.
+    const uint64_t q = read_at<uint64_t>(region, kRespQueue);
+    const uint64_t n = q + kQueueEntries <= size ? read_at<uint64_t>(region, q + kQueueSize) : 0;
+    if (n == 0 || (n & (n - 1)) != 0 || q + kQueueEntries + n * kRespEntry > size ||
+        read_at<uint64_t>(region, q + kQueueMask) != n - 1 ||
+        read_at<uint64_t>(region, q + kQueueRead) != read_at<uint64_t>(region, q + kQueueWrite))
+      why = fmt::format("no empty response queue at offset {}", q);
+  }
+  if (region != nullptr) *version = read_at<uint8_t>(region, kVersion);
+  if (!why.empty()) {
+    if (region != nullptr) ::munmap(region, size);
+    core::log().info(
+        "ferry fabric: shm region {} does not have the layout of libfabric 1.17 ({}): a peer "
+        "dying while it holds its region lock can stall this NIC, and its unanswered writes "
+        "stall the NIC's later completions",
+        path, why);
+    return nullptr;
+  }
+  *len = size;
+  return region;
+}
+
+void FabricDomain::track_shm_peer(fi_addr_t addr, std::string_view name) {
+  auto p = std::make_unique<ShmPeer>();
+  p->name = std::string(name);
+  p->pid = shm_name_pid(name);
+  if (p->pid != 0 && p->pid != ::getpid()) {
+    const std::string path = shm_path(name);
+    // The pid names the peer only in our pid namespace if that process maps
+    // the region; otherwise its liveness is unknown rather than wrong.
+    auto watch = std::make_unique<ProcessWatch>(p->pid);
+    if (watch->valid() && maps_region(p->pid, path)) p->watch = std::move(watch);
+    if (shm_layout_ok_) {
+      uint64_t size = 0;
+      p->map = map_region_head(path, &p->map_len, &size);
+      using namespace shm_layout;
+      if (p->map != nullptr && read_at<uint8_t>(p->map, kVersion) == shm_version_ &&
+          read_at<int>(p->map, kPid) == p->pid && read_at<uint64_t>(p->map, kTotalSize) == size) {
+        p->lock = reinterpret_cast<int*>(static_cast<uint8_t*>(p->map) + kLock);
+      }
+    }
+    if (p->lock != nullptr && p->watch) start_rescuer();
+  }
+  core::log().debug("fabric NIC '{}': shm peer {} (pid {}): liveness {}, region lock {}",
+                    res_->nic_name, p->name, p->pid, p->watch ? "watched" : "unknown",
+                    p->lock != nullptr ? "watched" : "not watched");
+  // The rescuer may still read a peer it saw in a provider call: replaced
+  // entries are kept until the Domain closes.
+  if (auto old = shm_peers_.find(addr); old != shm_peers_.end())
+    removed_shm_peers_.push_back(std::move(old->second));
+  shm_peers_[addr] = std::move(p);
+  last_shm_addr_ = FI_ADDR_NOTAVAIL;
+  last_shm_peer_ = nullptr;
+}
+
+void FabricDomain::unstick_responses(Clock::time_point now) {
+  using namespace shm_layout;
+  // A region lock left taken by a dead receiver (seen taken 10 ms apart)
+  // keeps the provider from finishing even an answered response to it.
+  const int unlocked = spin_unlocked_value();
+  for (auto& [addr, p] : shm_peers_) {
+    if (!p->dead || p->lock == nullptr) continue;
+    int held = __atomic_load_n(p->lock, __ATOMIC_ACQUIRE);
+    if (held == unlocked) {
+      p->lock_held_since = {};
+    } else if (p->lock_held_since == Clock::time_point{}) {
+      p->lock_held_since = now;
+    } else if (now - p->lock_held_since >= std::chrono::milliseconds(10) &&
+               __atomic_compare_exchange_n(p->lock, &held, unlocked, false, __ATOMIC_RELEASE,
+                                           __ATOMIC_RELAXED)) {
+      p->lock_held_since = {};
+      core::log().info(
+          "fabric NIC '{}': released the region lock peer {} (pid {}) held when it died",
+          res_->nic_name, p->name, p->pid);
+    }
+  }
+  auto* region = static_cast<uint8_t*>(own_region_);
+  const uint64_t q = read_at<uint64_t>(region, kRespQueue);
+  const uint64_t mask = read_at<uint64_t>(region, q + kQueueMask);
+  const uint64_t read =
+      __atomic_load_n(reinterpret_cast<uint64_t*>(region + q + kQueueRead), __ATOMIC_ACQUIRE);
+  const uint64_t write =
+      __atomic_load_n(reinterpret_cast<uint64_t*>(region + q + kQueueWrite), __ATOMIC_ACQUIRE);
+  size_t answered = 0;
+  for (uint64_t i = read; i != write && i - read <= mask; ++i) {
+    uint8_t* entry = region + q + kQueueEntries + (i & mask) * kRespEntry;
+    auto* status = reinterpret_cast<uint64_t*>(entry + kRespStatus);
+    if (__atomic_load_n(status, __ATOMIC_ACQUIRE) != uint64_t(FI_EBUSY)) continue;
+    const auto* pending = reinterpret_cast<const uint8_t*>(read_at<uintptr_t>(entry, 0));
+    if (pending == nullptr || read_at<uint16_t>(pending, kPendingProto) != kProtoIov) continue;
+    OpEntry* op = pool_->from_context(read_at<void*>(pending, kPendingContext));
+    if (op == nullptr || op->kind != OpKind::kOrphan) continue;
+    // What a receiver writes when its copy failed: the negative error.
+    __atomic_store_n(status, uint64_t(-int64_t(FI_ECANCELED)), __ATOMIC_RELEASE);
+    ++answered;
+  }
+  if (answered > 0) {
+    // Our progress reads the queue only when signalled, as a peer does
+    // after it answers (smr_signal).
+    __atomic_exchange_n(reinterpret_cast<int*>(region + kSignal), 1, __ATOMIC_ACQ_REL);
+    core::log().debug("fabric NIC '{}': answered {} response(s) a dead peer never will",
+                      res_->nic_name, answered);
+  }
+}
+
+Status FabricDomain::dead_peer_status(const ShmPeer& p, const char* what) const {
+  return Status(Code::kUnavailable,
+                fmt::format("fabric NIC '{}': {} peer {} (pid {}): its process has exited",
+                            res_->nic_name, what, p.name, p.pid));
+}
+
+void FabricDomain::start_rescuer() {
+  if (rescuer_.joinable()) return;
+  rescuer_ = std::thread([this] { rescuer_main(); });
+}
+
+// A provider call that has been spinning for this long on the region lock of
+// a peer whose process is gone will never return by itself.
+static constexpr auto kRescueAfter = std::chrono::milliseconds(200);
+
+void FabricDomain::rescuer_main() {
+  std::unique_lock lk(rescuer_mu_);
+  while (!rescuer_stop_) {
+    rescuer_cv_.wait_for(lk, std::chrono::milliseconds(50));
+    if (rescuer_stop_) break;
+    const int64_t since = posting_since_ns_.load(std::memory_order_acquire);
+    ShmPeer* p = posting_peer_.load(std::memory_order_acquire);
+    if (since == 0 || p == nullptr || p->lock == nullptr || !p->watch) continue;
+    const int64_t now =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+            .count();
+    if (now - since < std::chrono::nanoseconds(kRescueAfter).count()) continue;
+    if (!p->watch->exited()) continue;  // a live holder lets go by itself
+    int held = __atomic_load_n(p->lock, __ATOMIC_ACQUIRE);
+    const int unlocked = spin_unlocked_value();
+    // Only while the same call still spins: whoever took the lock since then
+    // changed the word, and the exchange fails.
+    if (held == unlocked || posting_since_ns_.load(std::memory_order_acquire) != since) continue;
+    if (__atomic_compare_exchange_n(p->lock, &held, unlocked, false, __ATOMIC_RELEASE,
+                                    __ATOMIC_RELAXED)) {
+      core::log().warn(
+          "fabric NIC '{}': a provider call spun {} ms on the region lock of peer {} (pid {}), "
+          "whose process exited holding it; released the lock",
+          res_->nic_name, (now - since) / 1000000, p->name, p->pid);
+    }
+  }
+}
+
+// -------------------------------------------------------------- teardown
+
+// How long an rxm endpoint must stay quiet before it is closed, and the most
+// the whole drain may take.
+static constexpr auto kRxmQuiet = std::chrono::milliseconds(20);
+static constexpr auto kDrainLimit = std::chrono::seconds(2);
+
+void FabricDomain::release_drained(void* op_context) {
+  OpEntry* op = pool_->from_context(op_context);
+  if (op == nullptr || op->kind == OpKind::kFree) return;
+  if ((op->kind == OpKind::kWrite || op->kind == OpKind::kSend) && tx_in_flight_ > 0)
+    --tx_in_flight_;
+  pool_->release(op);
+}
+
+// libfabric 1.17's ofi_rxm crashes in fi_close(ep) when a peer's write with
+// remote CQ data is half received: the tcp endpoint of that connection
+// reports it cancelled with no operation context, and rxm's
+// rxm_handle_comp_error dereferences the null context (SIGSEGV in
+// rxm_close_conn, seen when an engine stops while a peer streams writes into
+// it). Closing the registrations first makes every later write on a
+// connection fail its key check, which shuts that connection down cleanly
+// between two writes; progressing until the endpoint is quiet lets the write
+// under way finish first. Our own writes are drained too, so that no peer is
+// left with half of one of ours.
+void FabricDomain::quiesce() {
+  const size_t revoked = res_->close_all_mrs();
+  if (ep_ == nullptr || cq_ == nullptr) return;
+  for (size_t i = 0; i < pool_->capacity(); ++i) {
+    OpEntry* op = pool_->at(i);
+    if (op->kind == OpKind::kRecv || op->kind == OpKind::kInternalRecv)
+      (void)fi_cancel(&ep_->fid, op);
+  }
+  const Clock::duration quiet = rxm_ ? Clock::duration(kRxmQuiet) : Clock::duration::zero();
+  const auto start = Clock::now();
+  auto last = start;
+  auto next_orphan_check = start;
+  size_t drained = 0;
+  for (;;) {
+    fi_cq_data_entry entries[16];
+    const ssize_t ret = fi_cq_read(cq_, entries, 16);
+    const auto now = Clock::now();
+    if (ret > 0) {
+      for (ssize_t i = 0; i < ret; ++i) release_drained(entries[i].op_context);
+      drained += size_t(ret);
+      last = now;
+      continue;
+    }
+    if (ret == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(cq_, &err, 0) > 0) {
+        release_drained(err.op_context);
+        ++drained;
+        last = now;
+        continue;
+      }
+    } else if (ret != -FI_EAGAIN) {
+      break;
+    }
+    if (now - start >= kDrainLimit) {
+      if (tx_in_flight_ > 0 || rxm_)
+        core::log().warn(
+            "fabric NIC '{}': closing after {} ms with {} write(s)/send(s) of ours still in "
+            "flight",
+            res_->nic_name,
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
+            tx_in_flight_);
+      break;
+    }
+    // Dead shm peers never complete what was posted to them.
+    if (shm_ && tx_in_flight_ > 0 && now >= next_orphan_check) {
+      orphan_dead_peers(now);
+      next_orphan_check = now + std::chrono::milliseconds(100);
+    }
+    const bool waiting_for_tx = tx_in_flight_ > 0;
+    if (!waiting_for_tx && now - last >= quiet) break;
+    std::this_thread::yield();
+  }
+  core::log().debug(
+      "fabric NIC '{}': closing: {} registration(s) revoked, {} completion(s) drained",
+      res_->nic_name, revoked, drained);
+}
+
+void FabricDomain::close_all() {
+  {
+    std::lock_guard lk(rescuer_mu_);
+    rescuer_stop_ = true;
+  }
+  rescuer_cv_.notify_all();
+  if (rescuer_.joinable()) rescuer_.join();
+  if (!res_) return;
+  quiesce();
+  // libfabric's order: the endpoint, then what it was bound to, then the
+  // domain's remaining objects, then the domain and the fabric. Registrations
+  // went first (quiesce).
+  res_->ep.reset();
+  ep_ = nullptr;
+  res_->av.reset();
+  res_->cq.reset();
+  cq_ = nullptr;
+  res_->domain.reset();
+  res_->fabric.reset();
+  shm_peers_.clear();
+  removed_shm_peers_.clear();
+  if (own_region_ != nullptr) ::munmap(own_region_, own_region_len_);
+  own_region_ = nullptr;
 }
 
 }  // namespace ferry::fabric

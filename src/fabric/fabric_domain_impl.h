@@ -4,13 +4,19 @@
 
 #include <rdma/fabric.h>
 #include <rdma/fi_rma.h>
+#include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -29,12 +35,18 @@ inline constexpr size_t kInternalRecvs = 64;
 InfoPtr make_hints(const std::string& provider, bool hmem, const std::string& domain_name);
 // Exact provider match (no layered fallback) plus the features we rely on.
 bool info_usable(const fi_info* info, const std::string& provider) noexcept;
+// Names of the domains the provider offers that info_usable() accepts, in
+// fi_getinfo order, each once; *ret gets fi_getinfo's result.
+std::vector<std::string> usable_domain_names(const std::string& provider, bool hmem, int* ret);
 std::string mr_mode_string(uint64_t mr_mode);
 // kInvalidArgument when ptr is not memory of `device` (host vs GPU, or another
 // GPU); kUnimplemented for GPU memory in a build without CUDA.
 Status check_memory_kind(const void* ptr, Device device);
 
-enum class OpKind : uint8_t { kFree, kWrite, kSend, kRecv, kInternalRecv };
+// kOrphan: a write or send to a peer found dead, already failed towards the
+// caller; the provider may still hold its context, so it is released only if
+// the provider ever completes it.
+enum class OpKind : uint8_t { kFree, kWrite, kSend, kRecv, kInternalRecv, kOrphan };
 
 const char* op_kind_name(OpKind kind) noexcept;
 
@@ -50,6 +62,7 @@ struct OpEntry {
   void* buf;
   void* desc;
   uint64_t len;
+  uint64_t peer;  // writes and sends: the fi_addr_t they went to
   OpKind kind;
 };
 
@@ -68,6 +81,8 @@ class OpPool {
   OpEntry* from_context(void* op_context) noexcept;
   size_t capacity() const noexcept { return capacity_; }
   size_t in_use() const noexcept { return capacity_ - free_count_; }
+  // Entry i (0 <= i < capacity), free or not: for scans off the data path.
+  OpEntry* at(size_t i) noexcept { return &entries_[i]; }
 
  private:
   size_t capacity_;
@@ -77,9 +92,9 @@ class OpPool {
 };
 
 // Everything libfabric may still reference while a registration or a posted
-// operation lives. Shared with every FabricMr so an MR released after its
-// Domain still closes before the domain fid. Members are in open order so
-// they close in reverse; the pool and info outlive the endpoint.
+// operation lives. The Domain closes it in the order libfabric needs
+// (FabricDomain::close_all); a FabricMr keeps a reference only so that its
+// close and the Domain's never race or run twice, in either order.
 struct FabricResources {
   std::string nic_name;
   InfoPtr info;
@@ -91,17 +106,76 @@ struct FabricResources {
   FidPtr<fid_ep> ep;
   uint64_t mr_mode = 0;  // as granted by the provider
   std::atomic<uint64_t> next_key{1};
+
+  // Open registrations, closed by whichever comes first: their FabricMr, or
+  // the Domain revoking them all before it closes the endpoint.
+  uint64_t add_mr(FidPtr<fid_mr> mr);
+  void close_mr(uint64_t id) noexcept;
+  // Returns how many were still open; later add_mr calls fail (return 0).
+  size_t close_all_mrs() noexcept;
+
+ private:
+  std::mutex mr_mu_;
+  std::unordered_map<uint64_t, FidPtr<fid_mr>> mrs_;
+  uint64_t next_mr_id_ = 1;
+  bool mrs_closed_ = false;
 };
 
 class FabricMr final : public core::DomainMr {
  public:
-  FabricMr(std::shared_ptr<FabricResources> res, FidPtr<fid_mr> mr)
-      : res_(std::move(res)), mr_(std::move(mr)) {}
+  FabricMr(std::shared_ptr<FabricResources> res, uint64_t id) : res_(std::move(res)), id_(id) {}
+  ~FabricMr() override { res_->close_mr(id_); }
 
  private:
-  // Declared first so it is released last: the MR closes before the domain.
   std::shared_ptr<FabricResources> res_;
-  FidPtr<fid_mr> mr_;
+  uint64_t id_;
+};
+
+using Clock = std::chrono::steady_clock;
+
+// Whether a local process has exited, through a pidfd (readable once it has
+// exited; immune to pid reuse). Thread-safe: every call asks the kernel.
+class ProcessWatch {
+ public:
+  // valid() is false when the kernel has no pidfd_open or the pid is gone.
+  explicit ProcessWatch(pid_t pid);
+  ~ProcessWatch();
+  ProcessWatch(const ProcessWatch&) = delete;
+  ProcessWatch& operator=(const ProcessWatch&) = delete;
+  bool valid() const noexcept { return pidfd_ >= 0; }
+  bool exited() const noexcept;
+
+ private:
+  int pidfd_ = -1;
+};
+
+// A peer reached through the shm provider, a process on this host.
+//
+// libfabric 1.17's shm sender takes a spinlock in the receiver's shared
+// region (pthread_spin_lock in smr_generic_rma / smr_generic_sendmsg) for
+// every fi_writemsg and fi_send, and the receiver holds the same lock while
+// it copies the data of the commands queued to it (process_vm_readv of whole
+// writes, in smr_progress_cmd). A receiver killed during that copy leaves the
+// lock taken forever, and the sender's next fi_writemsg spins inside the
+// provider for ever. So the Domain maps the first page of the peer's region
+// itself (its layout checked against our own region at open) and does not
+// call into the provider while the lock is taken; it watches the process
+// through a pidfd; and should it be caught spinning anyway (the peer took the
+// lock between our look and the provider's, then died), the Domain's rescuer
+// thread releases a lock whose owner is dead. What was in flight to a dead
+// peer is failed (kOrphan) and its responses answered (unstick_responses).
+struct ShmPeer {
+  ~ShmPeer();
+  std::string name;  // "fi_shm://<pid>:<n>:<m>"
+  pid_t pid = 0;
+  std::unique_ptr<ProcessWatch> watch;  // null: liveness unknown (or the peer is us)
+  int* lock = nullptr;                  // the provider's spinlock in its region, or null
+  void* map = nullptr;                  // our mapping of its region's first page
+  size_t map_len = 0;
+  Clock::time_point last_check{};
+  Clock::time_point lock_held_since{};  // dead peers: when its lock was first seen taken
+  uint32_t eagain_streak = 0;
+  bool dead = false;
 };
 
 class FabricDomain final : public core::Domain {
@@ -144,6 +218,50 @@ class FabricDomain final : public core::Domain {
   // 1: wrote *out, 0: consumed an entry without a Completion, -1: nothing read.
   int map_error(core::Completion* out);
 
+  // --- shm peers (see ShmPeer)
+  void track_shm_peer(fi_addr_t addr, std::string_view name);
+  ShmPeer* shm_peer(fi_addr_t addr) noexcept {
+    if (shm_peers_.empty()) return nullptr;
+    if (addr == last_shm_addr_) return last_shm_peer_;
+    auto it = shm_peers_.find(addr);
+    last_shm_addr_ = addr;
+    last_shm_peer_ = it == shm_peers_.end() ? nullptr : it->second.get();
+    return last_shm_peer_;
+  }
+  // Asks whether the peer's process still runs, at most once per `period`;
+  // marks it dead (for good) when it has exited.
+  void check_shm_peer(ShmPeer& p, Clock::time_point now, Clock::duration period);
+  // Whether the provider may be called for this peer now; false with *error
+  // set (dead peer) or not (its region lock is taken: back-pressure). *when
+  // gets the time it decided at.
+  bool shm_peer_postable(ShmPeer& p, uint64_t len, const char* call, Status* error,
+                         Clock::time_point* when);
+  Status dead_peer_status(const ShmPeer& p, const char* what) const;
+  // Fails the writes and sends still in flight to dead peers (orphaning them).
+  size_t fail_orphans(std::span<core::Completion> out);
+  // Checks every live shm peer now; orphans (without completions) the
+  // writes and sends of those found dead. Teardown only.
+  void orphan_dead_peers(Clock::time_point now);
+  // Checks the peers while writes are in flight and nothing is posted.
+  void check_shm_peers(Clock::time_point now);
+  // libfabric 1.17's shm completes our writes in the order of one response
+  // queue in our region, and a write whose receiver died is never answered:
+  // every later completion, to any peer, would wait behind it. Answers the
+  // orphans' entries with an error (the provider then completes them, and
+  // the orphans are released), after releasing a region lock their dead
+  // receiver left taken (the provider needs it to finish the response).
+  void unstick_responses(Clock::time_point now);
+  void start_rescuer();
+  void rescuer_main();
+
+  // --- teardown
+  // Revokes remote access, hands posted receives back, and progresses the
+  // endpoint until no transfer of ours is in flight and it has been quiet for
+  // a while (bounded), so that closing it cancels nothing half-received.
+  void quiesce();
+  void release_drained(void* op_context);
+  void close_all();
+
   std::shared_ptr<FabricResources> res_;
   // Hot-path copies of res_ members.
   fid_ep* ep_ = nullptr;
@@ -163,6 +281,34 @@ class FabricDomain final : public core::Domain {
   // Set once a provider refuses iov_count == 0 for a zero-length write.
   bool zero_len_needs_iov_ = false;
   bool cq_failure_logged_ = false;
+  bool rxm_ = false;  // a layered ofi_rxm provider (see quiesce)
+  // Writes and sends posted and not yet completed (orphans excluded).
+  size_t tx_in_flight_ = 0;
+
+  // shm only.
+  bool shm_ = false;
+  bool shm_layout_ok_ = false;  // our own region matched the layout we read
+  uint8_t shm_version_ = 0;     // its layout version byte
+  void* own_region_ = nullptr;  // our mapping of our own region, when shm_layout_ok_
+  size_t own_region_len_ = 0;
+  size_t orphans_ = 0;  // kOrphan entries not yet released
+  Clock::time_point next_unstick_{};
+  std::unordered_map<fi_addr_t, std::unique_ptr<ShmPeer>> shm_peers_;
+  // Removed or replaced peers, kept until the Domain closes: the rescuer may
+  // still be looking at one.
+  std::vector<std::unique_ptr<ShmPeer>> removed_shm_peers_;
+  fi_addr_t last_shm_addr_ = FI_ADDR_NOTAVAIL;
+  ShmPeer* last_shm_peer_ = nullptr;
+  bool orphan_scan_ = false;  // a peer died: fail its ops from orphan_pos_ on
+  size_t orphan_pos_ = 0;
+  Clock::time_point next_peer_check_{};
+  // The provider call in progress, for the rescuer: its peer and start.
+  std::atomic<ShmPeer*> posting_peer_{nullptr};
+  std::atomic<int64_t> posting_since_ns_{0};
+  std::thread rescuer_;
+  std::mutex rescuer_mu_;
+  std::condition_variable rescuer_cv_;
+  bool rescuer_stop_ = false;
 
   // Write template: invariant fields filled once, per-op fields patched.
   iovec iov_{};
@@ -170,5 +316,37 @@ class FabricDomain final : public core::Domain {
   fi_rma_iov rma_iov_{};
   fi_msg_rma msg_{};
 };
+
+// libfabric 1.17's layout of the head of an shm region, read from our own
+// mappings of regions. map_own_shm_region() verifies it on our own region
+// (version, pid, base address, lock, size, response queue) before anything
+// relies on it.
+namespace shm_layout {
+inline constexpr size_t kVersion = 0;     // uint8_t
+inline constexpr size_t kPid = 4;         // int
+inline constexpr size_t kBaseAddr = 16;   // uintptr_t: the owner's mapping of the region
+inline constexpr size_t kLock = 24;       // pthread_spinlock_t
+inline constexpr size_t kSignal = 28;     // int: set (1) to make the owner's progress look
+inline constexpr size_t kTotalSize = 40;  // size_t: the region's size
+inline constexpr size_t kRespQueue = 72;  // size_t: offset of the response queue
+// A response queue (ofi_cirque of struct smr_resp): size, size_mask, read and
+// write counts, then the entries: the sender's pending-op pointer (msg_id) and
+// a status the receiver sets (FI_EBUSY until it has).
+inline constexpr size_t kQueueSize = 0, kQueueMask = 8, kQueueRead = 16, kQueueWrite = 24,
+                        kQueueEntries = 32, kRespEntry = 16, kRespStatus = 8;
+// The sender's pending op (struct smr_tx_entry) a response names: its
+// protocol (smr_src_iov == 2) and the caller's context.
+inline constexpr size_t kPendingProto = 0x14, kPendingContext = 0x108;
+inline constexpr uint16_t kProtoIov = 2;
+}  // namespace shm_layout
+
+// The value of an unlocked pthread_spinlock_t (1 on x86-64 glibc, 0 elsewhere).
+int spin_unlocked_value() noexcept;
+// The pid in an shm endpoint name "fi_shm://<pid>:...", or 0.
+pid_t shm_name_pid(std::string_view name) noexcept;
+// Maps our own endpoint's region (shared, read-write) and checks the layout
+// above against it; *version gets its version byte. Null (and logs why at
+// info) when it does not match.
+void* map_own_shm_region(std::string_view name, uint8_t* version, size_t* len);
 
 }  // namespace ferry::fabric
