@@ -25,18 +25,8 @@ constexpr size_t kCommandsPerStep = 32;
 constexpr size_t kPostsPerCall = 64;
 constexpr size_t kPollBatch = 32;
 constexpr auto kSpinBeforeBlock = std::chrono::microseconds(200);
-constexpr auto kDeadPeerCooldown = std::chrono::seconds(1);
 
 }  // namespace
-
-// Transport errors of point-to-point transfers name their peer; group
-// operations fail only their transfer.
-static const NetAddr* failed_peer(const Request& req, uint8_t nic) {
-  if (auto* r = std::get_if<SingleReq>(&req)) return &r->dst.nics[nic].addr;
-  if (auto* r = std::get_if<PagedReq>(&req)) return &r->dst.nics[nic].addr;
-  if (auto* r = std::get_if<SendReq>(&req)) return &r->addr;
-  return nullptr;
-}
 
 Worker::Worker(EngineShared* shared, size_t index, GroupConfig group, std::vector<int> affinity)
     : shared_(shared), index_(index), group_(std::move(group)), affinity_(std::move(affinity)) {
@@ -211,6 +201,10 @@ void Worker::run(std::promise<Status>* init) {
   free_slots_.reserve(slots_.size());
   for (uint32_t i = slots_.size(); i-- > 0;) free_slots_.push_back(i);
   Status st = open_nics();
+  nic_count = uint8_t(nics_.size());
+  rr = &rr_;
+  send_pool = shared_->send_pool;
+  send_free = shared_->send_free;
   init->set_value(st);
   if (!st.is_ok()) return;
 
@@ -369,66 +363,6 @@ uint32_t Worker::alloc_slot() {
   return idx;
 }
 
-PeerId Worker::resolve(uint8_t nic, const NetAddr& addr, Status* err) {
-  auto& n = nics_[nic];
-  if (!dead_.empty()) {
-    if (auto d = dead_.find(addr); d != dead_.end()) {
-      // Fail fast for a while, then let the transport try again: an error
-      // may have been transient, and a real loss shows up again at once.
-      if (Clock::now() - d->second.since < kDeadPeerCooldown) {
-        *err = Status(Code::kUnavailable, fmt::format("peer {} failed earlier: {}", addr.brief(),
-                                                      d->second.why.message()));
-        return 0;
-      }
-      dead_.erase(d);
-    }
-  }
-  auto it = n.peers.find(addr);
-  if (it != n.peers.end()) return it->second;
-  if (addr.transport() != infos_[nic].transport) {
-    *err = Status(Code::kInvalidArgument,
-                  fmt::format("address {} is not a {} address (NIC {})", addr.brief(),
-                              infos_[nic].provider, infos_[nic].name));
-    return 0;
-  }
-  if (n.stale.count(addr)) {
-    *err = Status(Code::kAborted,
-                  fmt::format("address {} belongs to a previous incarnation of a peer that has "
-                              "restarted; use its new address or descriptor",
-                              addr.brief()));
-    return 0;
-  }
-  std::string raw(reinterpret_cast<const char*>(addr.raw().data()), addr.raw().size());
-  if (auto old = n.latest.find(raw); old != n.latest.end() && !(old->second == addr)) {
-    // Same endpoint bytes, new incarnation: the peer restarted. Retire the old
-    // entry so nothing resolves to it any more.
-    log().info("NIC {}: peer {} restarted (was {}); the old address is now stale", infos_[nic].name,
-               addr.brief(), old->second.brief());
-    if (auto p = n.peers.find(old->second); p != n.peers.end()) {
-      n.domain->remove_peer(p->second);
-      n.peers.erase(p);
-    }
-    n.stale.insert(old->second);
-    stale_epoch_++;
-  }
-  PeerId id = n.domain->add_peer(addr.raw(), err);
-  if (!err->is_ok()) {
-    *err = Status(err->code(), fmt::format("peer {} via NIC {}: {}", addr.brief(), infos_[nic].name,
-                                           err->message()));
-    return 0;
-  }
-  n.peers.emplace(addr, id);
-  n.latest[raw] = addr;
-  return id;
-}
-
-void Worker::mark_dead(const NetAddr& addr, const Status& why) {
-  auto [it, fresh] = dead_.try_emplace(addr, DeadPeer{why, Clock::now()});
-  if (fresh)
-    log().warn("worker {}: peer {} marked failed: {}", index_, addr.brief(), why.message());
-  it->second.since = Clock::now();
-}
-
 void Worker::start_transfer(Command& cmd) {
   uint32_t idx = alloc_slot();
   Slot& s = slots_[idx];
@@ -443,114 +377,30 @@ void Worker::start_transfer(Command& cmd) {
   s.cursors_live = 0;
   s.posted = s.completed = 0;
   s.error = Status();
-  s.req = std::move(cmd.req);
+  s.req = std::visit(
+      [](auto&& r) -> TransferReq {
+        using T = std::decay_t<decltype(r)>;
+        if constexpr (std::is_same_v<T, RecvPostReq> || std::is_same_v<T, ControlReq>)
+          return TransferReq{};  // handle() never starts these
+        else
+          return std::move(r);
+      },
+      std::move(cmd.req));
   s.peers.clear();
   s.group_peers = nullptr;
   ++active_;
 
-  Status st = prepare(s);
+  // Everything a transfer needs per NIC is resolved once, so posting only
+  // patches addresses; user input was validated on the submitting thread.
+  Status st = std::visit([&](auto& r) { return ops::prepare(s, r, *this); }, s.req);
   if (!st.is_ok()) {
     finish(s, std::move(st));
     maybe_finish(idx);
     return;
   }
-  ShardPlan plan;
-  uint32_t n = nics_.size();
-  std::visit(
-      [&](auto& r) {
-        using T = std::decay_t<decltype(r)>;
-        if constexpr (std::is_same_v<T, SingleReq>) {
-          plan = plan_single(r.len, r.route, n, rr_);
-          s.split = plan.split;
-        } else if constexpr (std::is_same_v<T, PagedReq>) {
-          plan = plan_runs(r.src_pages.indices.size(), n, rr_);
-        } else if constexpr (std::is_same_v<T, ScatterReq>) {
-          uint32_t t = r.dsts.size();
-          if (r.route.kind == GroupRoute::Kind::kPinned)
-            plan = plan_pinned(t, r.route.nic);
-          else if (r.route.kind == GroupRoute::Kind::kShardBytes)
-            plan = plan_shard_bytes(t, n);
-          else
-            plan = plan_runs(t, n, rr_);
-        } else if constexpr (std::is_same_v<T, BarrierReq>) {
-          uint32_t t = r.dsts.size();
-          if (r.route.kind == GroupRoute::Kind::kPinned)
-            plan = plan_pinned(t, r.route.nic);
-          else
-            plan = plan_runs(t, n, rr_);
-        } else if constexpr (std::is_same_v<T, SendReq>) {
-          plan = plan_pinned(1, 0);
-        }
-      },
-      s.req);
+  const ShardPlan plan = std::visit([&](auto& r) { return ops::plan(s, r, *this); }, s.req);
   enqueue_plan(idx, plan);
   maybe_finish(idx);  // empty requests complete at once
-}
-
-// Resolves everything a transfer needs per NIC once, so posting only patches
-// addresses. Validation of user input happened on the submitting thread.
-Status Worker::prepare(Slot& s) {
-  Status err;
-  auto resolve_desc = [&](const auto& d, PeerId* out) {
-    for (uint8_t k = 0; k < nics_.size(); ++k) {
-      out[k] = resolve(k, d.nics[k].addr, &err);
-      if (!err.is_ok()) return false;
-    }
-    return true;
-  };
-  auto set_src = [&](const RegRef& r) {
-    for (size_t k = 0; k < nics_.size(); ++k) s.src_desc[k] = r->local_desc[k];
-  };
-  if (auto* r = std::get_if<SingleReq>(&s.req)) {
-    set_src(r->src);
-    resolve_desc(r->dst, s.peer.data());
-  } else if (auto* r = std::get_if<PagedReq>(&s.req)) {
-    set_src(r->src);
-    resolve_desc(r->dst, s.peer.data());
-  } else if (auto* r = std::get_if<SendReq>(&s.req)) {
-    s.peer[0] = resolve(0, r->addr, &err);
-  } else {
-    std::optional<PeerGroupHandle> group;
-    size_t targets = 0;
-    if (auto* sc = std::get_if<ScatterReq>(&s.req)) {
-      set_src(sc->src);
-      group = sc->group;
-      targets = sc->dsts.size();
-    } else if (auto* b = std::get_if<BarrierReq>(&s.req)) {
-      group = b->group;
-      targets = b->dsts.size();
-    }
-    if (group) {
-      if (*group >= groups_.size())
-        return Status(Code::kNotFound, fmt::format("peer group {} not found", *group));
-      auto& g = *groups_[*group];
-      if (g.epoch != stale_epoch_) {
-        // A peer restarted since the group was made: refuse groups naming it.
-        for (auto& peer : g.addrs)
-          for (uint8_t k = 0; k < nics_.size(); ++k)
-            if (nics_[k].stale.count(peer[k]))
-              return Status(Code::kAborted,
-                            fmt::format("peer group {} names {}, a peer that has restarted; "
-                                        "make a new group from its new descriptor",
-                                        *group, peer[k].brief()));
-        g.epoch = stale_epoch_;
-      }
-      if (g.addrs.size() != targets)
-        return Status(Code::kInvalidArgument,
-                      fmt::format("peer group {} has {} peers but the request has {} targets",
-                                  *group, g.addrs.size(), targets));
-      s.group_peers = &g.peers;
-    } else {
-      s.peers.resize(targets * kMaxNics);
-      for (size_t t = 0; t < targets && err.is_ok(); ++t) {
-        const MrDesc& d = std::holds_alternative<ScatterReq>(s.req)
-                              ? std::get<ScatterReq>(s.req).dsts[t].dst
-                              : std::get<BarrierReq>(s.req).dsts[t];
-        resolve_desc(d, &s.peers[t * kMaxNics]);
-      }
-    }
-  }
-  return err;
 }
 
 void Worker::enqueue_plan(uint32_t idx, const ShardPlan& plan) {
@@ -561,97 +411,6 @@ void Worker::enqueue_plan(uint32_t idx, const ShardPlan& plan) {
     s.cursors_live++;
     nics_[sh.nic].pending.push_back(Cursor{idx, s.gen, sh, sh.begin});
   }
-}
-
-// Fills up to out.size() writes of cursor c and the unit each came from;
-// advances c.next past the last unit used.
-size_t Worker::fill_writes(Slot& s, Cursor& c, uint8_t nic, std::span<WriteDesc> out,
-                           uint32_t* units) {
-  size_t n = 0;
-  const uint64_t ctx = make_ctx(kTagWrite, s.gen, c.slot);
-  auto base = [&](WriteDesc& w, std::optional<uint32_t> imm) {
-    w.ctx = ctx;
-    w.has_imm = imm.has_value();
-    w.imm = imm.value_or(0);
-    w.local_desc = s.src_desc[nic];
-  };
-  if (auto* r = std::get_if<SingleReq>(&s.req)) {
-    const auto& d = r->dst.nics[nic];
-    for (; c.next < c.shard.end && n < out.size(); ++c.next) {
-      units[n] = c.next;
-      WriteDesc& w = out[n++];
-      base(w, r->imm);
-      uint64_t off = s.split.piece_offset(c.next);
-      w.len = s.split.piece_len(c.next, r->len);
-      // A zero-length write still needs an in-bounds address and valid key.
-      if (w.len == 0) off = 0;
-      w.src = r->src->ptr + r->src_offset + off;
-      w.peer = s.peer[nic];
-      w.remote_addr = d.base + r->dst_offset + off;
-      w.rkey = d.rkey;
-    }
-  } else if (auto* r = std::get_if<PagedReq>(&s.req)) {
-    n = spell_out_pages(paged_desc(s, *r, c, nic), 0, out);
-    for (size_t i = 0; i < n; ++i) units[i] = c.next + uint32_t(i);
-    c.next += uint32_t(n);
-  } else if (auto* r = std::get_if<ScatterReq>(&s.req)) {
-    const auto& peers = s.group_peers ? *s.group_peers : s.peers;
-    const bool bytes = r->route.kind == GroupRoute::Kind::kShardBytes;
-    for (; c.next < c.shard.end && n < out.size(); ++c.next) {
-      const ScatterDst& t = r->dsts[c.next];
-      uint64_t off = 0, len = t.len;
-      if (bytes) {
-        Split sp = split_bytes(t.len, nics_.size(), kMinScatterPiece);
-        if (c.shard.part >= sp.count) continue;  // this target needs fewer pieces
-        off = sp.piece_offset(c.shard.part);
-        len = sp.piece_len(c.shard.part, t.len);
-      }
-      units[n] = c.next;
-      WriteDesc& w = out[n++];
-      base(w, r->imm);
-      w.len = len;
-      w.src = r->src->ptr + t.src_offset + off;
-      w.peer = peers[c.next * kMaxNics + nic];
-      w.remote_addr = t.dst.nics[nic].base + t.dst_offset + off;
-      w.rkey = t.dst.nics[nic].rkey;
-    }
-  } else if (auto* r = std::get_if<BarrierReq>(&s.req)) {
-    const auto& peers = s.group_peers ? *s.group_peers : s.peers;
-    for (; c.next < c.shard.end && n < out.size(); ++c.next) {
-      const MrDesc& d = r->dsts[c.next];
-      units[n] = c.next;
-      WriteDesc& w = out[n++];
-      base(w, r->imm);
-      w.len = 0;
-      w.src = nullptr;
-      w.local_desc = nullptr;
-      w.peer = peers[c.next * kMaxNics + nic];
-      w.remote_addr = d.nics[nic].base;
-      w.rkey = d.nics[nic].rkey;
-    }
-  }
-  return n;
-}
-
-// The pages of cursor c still to post on NIC `nic`, as page lists.
-PagedDesc Worker::paged_desc(const Slot& s, const PagedReq& r, const Cursor& c, uint8_t nic) const {
-  const auto& d = r.dst.nics[nic];
-  PagedDesc p;
-  p.src = r.src->ptr + r.src_pages.offset;
-  p.src_stride = r.src_pages.stride;
-  p.src_idx = r.src_pages.indices.data() + c.next;
-  p.remote_base = d.base + r.dst_pages.offset;
-  p.dst_stride = r.dst_pages.stride;
-  p.dst_idx = r.dst_pages.indices.data() + c.next;
-  p.count = c.shard.end - c.next;
-  p.page_len = r.page_len;
-  p.local_desc = s.src_desc[nic];
-  p.peer = s.peer[nic];
-  p.rkey = d.rkey;
-  p.imm = r.imm.value_or(0);
-  p.has_imm = r.imm.has_value();
-  p.ctx = make_ctx(kTagWrite, s.gen, c.slot);
-  return p;
 }
 
 bool Worker::progress_posts() {
@@ -672,81 +431,51 @@ bool Worker::progress_posts() {
       nic.pending.push_back(turn);
       return ++stalled >= nic.pending.size();
     };
+    auto retire_front = [&] {
+      const uint32_t slot = nic.pending.front().slot;
+      nic.pending.pop_front();
+      slots_[slot].cursors_live--;
+      maybe_finish(slot);
+    };
     while (!nic.pending.empty() && budget > 0 && nic.outstanding < max_outstanding) {
       Cursor& c = nic.pending.front();
       Slot& s = slots_[c.slot];
       if (!s.active || s.gen != c.gen || s.finished || !s.error.is_ok()) {
         // Transfer already ended (error or deadline): drop the rest.
-        uint32_t slot = c.slot;
-        bool live = s.active && s.gen == c.gen;
-        nic.pending.pop_front();
-        if (live) {
-          s.cursors_live--;
-          maybe_finish(slot);
-        }
+        if (s.active && s.gen == c.gen)
+          retire_front();
+        else
+          nic.pending.pop_front();
         continue;
       }
-      if (auto* send = std::get_if<SendReq>(&s.req)) {
-        auto r = nic.domain->post_send(s.peer[0], shared_->send_pool->buffer(send->buffer),
-                                       send->len, shared_->send_pool->reg->local_desc[0],
-                                       make_ctx(kTagSend, s.gen, c.slot));
-        if (r.posted == 0 && r.error.is_ok()) {  // back-pressure
-          if (stall()) break;
-          continue;
-        }
-        uint32_t slot = c.slot;
-        nic.pending.pop_front();
-        s.cursors_live--;
-        did = true;
-        if (!r.error.is_ok()) {
-          finish(s, r.error);
-          maybe_finish(slot);
-        } else {
-          s.posted++;
-          nic.outstanding++;
-        }
-        --budget;
-        continue;
-      }
-      size_t n = 0;
-      PostResult r;
-      auto* paged = std::get_if<PagedReq>(&s.req);
-      if (paged && infos_[k].native_paged) {
-        // Hand the run over as page lists: the domain does the per-page work.
-        PagedDesc p = paged_desc(s, *paged, c, k);
-        n = std::min({budget, max_outstanding - nic.outstanding, size_t(p.count)});
-        p.count = uint32_t(n);
-        r = nic.domain->post_paged(p);
-        c.next += uint32_t(std::min(r.posted, n));
-      } else {
-        size_t want = std::min({budget, max_outstanding - nic.outstanding, kPostsPerCall});
-        n = fill_writes(s, c, k, std::span(batch, want), units);
-        r = n ? nic.domain->post_writes(std::span(batch, n)) : PostResult{};
-        if (r.posted < n) c.next = units[r.posted];  // resume at the first write not taken
-      }
+      PostTarget t{nic.domain.get(),
+                   &infos_[k],
+                   k,
+                   std::min(budget, max_outstanding - nic.outstanding),
+                   batch,
+                   units};
+      const PostStep step =
+          std::visit([&](const auto& r) { return ops::post(s, r, c, t, *this); }, s.req);
+      const PostResult& r = step.result;
       did |= r.posted > 0;
       s.posted += r.posted;
       nic.outstanding += r.posted;
       budget -= std::min(budget, r.posted);
-      if (r.posted < n) {
+      if (r.posted < step.tried) {
         if (!r.error.is_ok()) {
           if (r.error.code() == Code::kUnavailable)
-            if (const NetAddr* a = failed_peer(s.req, k)) mark_dead(*a, r.error);
+            if (const NetAddr* a =
+                    std::visit([&](const auto& q) { return ops::peer(q, k); }, s.req))
+              mark_dead(*a, r.error);
           s.error = r.error;  // stop posting this transfer; wait for what is posted
-          uint32_t slot = c.slot;
-          nic.pending.pop_front();
-          s.cursors_live--;
-          maybe_finish(slot);
+          retire_front();
           continue;
         }
         if (stall()) break;
         continue;
       }
       if (c.next >= c.shard.end) {
-        uint32_t slot = c.slot;
-        nic.pending.pop_front();
-        s.cursors_live--;
-        maybe_finish(slot);
+        retire_front();
       } else if (nic.pending.size() > 1) {
         // Take turns: a 100 000-page transfer must not starve a small one
         // queued behind it.
@@ -804,7 +533,9 @@ bool Worker::on_local_done(uint64_t ctx, const Status& st, uint32_t count) {
   s.completed += count;
   if (!st.is_ok()) {
     if (st.code() == Code::kUnavailable)
-      if (const NetAddr* a = failed_peer(s.req, tag == kTagSend ? 0 : current_nic_))
+      if (const NetAddr* a = std::visit(
+              [&](const auto& r) { return ops::peer(r, tag == kTagSend ? 0 : current_nic_); },
+              s.req))
         mark_dead(*a, st);
     if (s.error.is_ok()) s.error = st;
   }
@@ -820,10 +551,10 @@ void Worker::maybe_finish(uint32_t idx) {
   if (!s.error.is_ok()) finish(s, s.error);
   if (s.cursors_live > 0 || s.completed < s.posted) return;
   finish(s, s.error);
-  if (auto* send = std::get_if<SendReq>(&s.req)) shared_->send_free->release(send->buffer);
+  std::visit([&](auto& r) { ops::release(r, *this); }, s.req);
   if (s.on_deadline_list) deadline_remove(idx);
   s.active = false;
-  s.req = Request{};
+  s.req = TransferReq{};
   s.peers.clear();
   free_slots_.push_back(idx);
   --active_;
@@ -881,7 +612,7 @@ void Worker::check_deadlines() {
     Slot& s = slots_[i];
     deadline_remove(i);
     if (!s.active || s.finished) continue;
-    const NetAddr* peer = failed_peer(s.req, 0);
+    const NetAddr* peer = std::visit([](const auto& r) { return ops::peer(r, 0); }, s.req);
     std::string who = peer ? peer->brief() : std::string("its peers");
     // A peer known to have failed is the reason, not the clock.
     if (peer && !dead_.empty()) {
@@ -905,53 +636,6 @@ void Worker::check_deadlines() {
   }
 }
 
-// ------------------------------------------------------------ send / recv
-
-void Worker::post_recv_buffer(uint32_t pool, uint32_t buffer) {
-  auto& p = *(*shared_->recv_pools)[pool];
-  auto r = nics_[0].domain->post_recv(p.buffer(buffer), p.buf_len, p.reg->local_desc[0],
-                                      make_ctx(kTagRecv, pool, buffer));
-  if (!r.error.is_ok() || r.posted == 0) {
-    // Receives are posted rarely; a full queue is retried from the command queue.
-    if (r.error.is_ok()) {
-      Command c;
-      c.req = RecvPostReq{pool, buffer};
-      queue_.enqueue(std::move(c));
-    } else {
-      log().error("NIC {}: cannot post receive buffer {} of pool {}: {}", infos_[0].name, buffer,
-                  pool, r.error.message());
-    }
-  }
-}
-
-void Worker::on_recv_done(uint64_t ctx, uint64_t len, const Status& st) {
-  uint32_t pool = ctx_gen(ctx), buffer = ctx_idx(ctx);
-  if (ctx_tag(ctx) != kTagRecv || pool >= shared_->recv_pools->size() ||
-      !(*shared_->recv_pools)[pool])
-    return;
-  if (!st.is_ok()) {
-    if (!stop_.load())
-      log().warn("NIC {}: receive failed: {} (buffer re-posted)", infos_[0].name, st.message());
-    if (!stop_.load()) post_recv_buffer(pool, buffer);
-    return;
-  }
-  RecvPool* p = (*shared_->recv_pools)[pool].get();
-  len = std::min<uint64_t>(len, p->buf_len);
-  // The user sees the bytes in place; the buffer goes back to the NIC after.
-  shared_->callbacks->push(TaskEvent{[this, p, pool, buffer, len] {
-    struct Repost {
-      Worker* w;
-      uint32_t pool, buffer;
-      ~Repost() {
-        Command c;
-        c.req = RecvPostReq{pool, buffer};
-        w->submit(std::move(c));
-      }
-    } repost{this, pool, buffer};
-    p->on_recv(std::span<const uint8_t>(p->buffer(buffer), len));
-  }});
-}
-
 // ------------------------------------------------------------ control plane
 
 void Worker::register_wt(Registration& reg, bool remote, Status* err) {
@@ -969,25 +653,6 @@ void Worker::register_wt(Registration& reg, bool remote, Status* err) {
     reg.local_desc[k] = mr->local_desc;
     reg.mrs.push_back(std::move(mr));
   }
-}
-
-PeerGroupHandle Worker::add_peer_group_wt(const std::vector<std::vector<NetAddr>>& peers,
-                                          Status* err) {
-  for (size_t g = 0; g < groups_.size(); ++g)
-    if (groups_[g]->addrs == peers) return g;
-  auto pgp = std::make_unique<PeerGroup>();
-  auto& pg = *pgp;
-  pg.addrs = peers;
-  pg.epoch = stale_epoch_;
-  pg.peers.resize(peers.size() * kMaxNics);
-  for (size_t t = 0; t < peers.size(); ++t) {
-    for (uint8_t k = 0; k < nics_.size(); ++k) {
-      pg.peers[t * kMaxNics + k] = resolve(k, peers[t][k], err);
-      if (!err->is_ok()) return 0;
-    }
-  }
-  groups_.push_back(std::move(pgp));
-  return groups_.size() - 1;
 }
 
 }  // namespace ferry::core

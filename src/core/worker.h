@@ -23,8 +23,11 @@
 #include <vector>
 
 #include "core/domain.h"
+#include "core/ops.h"
+#include "core/requests.h"
 #include "core/ring.h"
 #include "core/sharding.h"
+#include "core/transfer.h"
 #include "ferry/engine.h"
 
 namespace ferry::core {
@@ -33,87 +36,6 @@ class CallbackThread;
 class ImmTable;
 
 using Clock = std::chrono::steady_clock;
-
-// A registered region and its per-NIC registrations. Shared by the engine's
-// table and by transfers in flight, so an unregistered region stays valid
-// until the NICs are done with it; destroyed on its worker thread.
-struct Registration {
-  uint64_t id = 0;
-  uint8_t* ptr = nullptr;
-  uint64_t len = 0;
-  Device device;
-  size_t group = 0;
-  std::vector<std::unique_ptr<DomainMr>> mrs;  // one per NIC of the group
-  std::array<void*, kMaxNics> local_desc{};
-};
-using RegRef = std::shared_ptr<Registration>;
-
-// What a write needs of a destination descriptor, held without heap
-// allocation (addresses are immutable and shared).
-struct DstRef {
-  std::array<MrDesc::Nic, kMaxNics> nics;
-  uint8_t count = 0;
-  static DstRef of(const MrDesc& d) {
-    DstRef r;
-    r.count = static_cast<uint8_t>(std::min(d.nics.size(), kMaxNics));
-    for (size_t i = 0; i < r.count; ++i) r.nics[i] = d.nics[i];
-    return r;
-  }
-};
-
-struct SingleReq {
-  RegRef src;
-  uint64_t src_offset = 0, len = 0;
-  DstRef dst;
-  uint64_t dst_offset = 0;
-  std::optional<uint32_t> imm;
-  WriteRoute route;
-};
-struct PagedReq {
-  RegRef src;
-  uint64_t page_len = 0;
-  Pages src_pages, dst_pages;
-  DstRef dst;
-  std::optional<uint32_t> imm;
-};
-struct ScatterReq {
-  RegRef src;
-  std::vector<ScatterDst> dsts;
-  std::optional<PeerGroupHandle> group;
-  std::optional<uint32_t> imm;
-  GroupRoute route;
-};
-struct BarrierReq {
-  std::vector<MrDesc> dsts;
-  std::optional<PeerGroupHandle> group;
-  uint32_t imm = 0;
-  GroupRoute route;
-};
-struct SendReq {
-  NetAddr addr;
-  uint32_t buffer = 0;  // index into the engine's send pool
-  uint64_t len = 0;
-};
-struct RecvPostReq {
-  uint32_t pool = 0;
-  uint32_t buffer = 0;
-};
-// Runs on the worker thread. Captures only what it owns (shared state, not
-// the caller's stack): a caller that timed out leaves it safe to run later.
-struct ControlReq {
-  std::function<void()> fn;
-};
-
-using Request =
-    std::variant<SingleReq, PagedReq, ScatterReq, BarrierReq, SendReq, RecvPostReq, ControlReq>;
-
-struct Command {
-  TransferId id = 0;
-  bool admitted = false;  // counted in the group's requests in flight
-  OnDone on_done;
-  Clock::time_point deadline{};  // epoch = none
-  Request req;
-};
 
 // Host buffers used by sends and receives; registered on NIC 0 of group 0.
 struct BufferPool {
@@ -176,7 +98,7 @@ struct EngineShared {
   DomainOpener open_domain;
 };
 
-class Worker {
+class Worker final : public OpHost {
  public:
   // `affinity`: CPUs the worker may run on when the group names no worker_cpu.
   Worker(EngineShared* shared, size_t index, GroupConfig group, std::vector<int> affinity = {});
@@ -220,37 +142,9 @@ class Worker {
   }
 
  private:
-  static constexpr uint32_t kNone = UINT32_MAX;
-  // Per-transfer state, tracked by slot index (no maps on the datapath).
-  struct Slot {
-    uint32_t gen = 0;
-    bool active = false;
-    bool finished = false;  // user already signalled (deadline or error); draining
-    bool admitted = false;
-    TransferId id = 0;
-    OnDone on_done;
-    Clock::time_point deadline{};
-    // Intrusive list of slots with a deadline, in deadline order.
-    uint32_t dl_prev = kNone, dl_next = kNone;
-    bool on_deadline_list = false;
-    uint32_t cursors_live = 0;
-    uint64_t posted = 0, completed = 0;
-    Status error;
-    Request req;
-    // Resolved per NIC: local source descriptor; single/paged destination.
-    std::array<void*, kMaxNics> src_desc{};
-    std::array<PeerId, kMaxNics> peer{};
-    Split split;
-    // Scatter / barrier: peers[target * kMaxNics + nic].
-    std::vector<PeerId> peers;
-    const std::vector<PeerId>* group_peers = nullptr;
-  };
-  struct Cursor {
-    uint32_t slot = 0;
-    uint32_t gen = 0;
-    Shard shard;
-    uint32_t next = 0;
-  };
+  static constexpr uint32_t kNone = kNoSlot;
+  using Slot = core::Slot;
+  using Cursor = core::Cursor;
   struct Nic {
     std::unique_ptr<Domain> domain;
     Ring<Cursor> pending;
@@ -283,16 +177,16 @@ class Worker {
   uint32_t alloc_slot();
   void fail_command(Command& cmd, Status s);
   void start_transfer(Command& cmd);
-  Status prepare(Slot& s);
   void enqueue_plan(uint32_t slot, const ShardPlan& plan);
-  size_t fill_writes(Slot& s, Cursor& c, uint8_t nic, std::span<WriteDesc> out, uint32_t* units);
-  PagedDesc paged_desc(const Slot& s, const PagedReq& r, const Cursor& c, uint8_t nic) const;
   // A local write or send completion; false when it belonged to no live transfer.
   bool on_local_done(uint64_t ctx, const Status& st, uint32_t count = 1);
   void maybe_finish(uint32_t idx);
   void finish(Slot& s, Status st);
   void signal(OnDone on_done, Status st);
-  PeerId resolve(uint8_t nic, const NetAddr& addr, Status* err);
+  // OpHost (ops.h): worker_peers.cpp.
+  PeerId resolve(uint8_t nic, const NetAddr& addr, Status* err) override;
+  const std::vector<PeerId>* group_peers(PeerGroupHandle group, size_t targets,
+                                         Status* err) override;
   void mark_dead(const NetAddr& addr, const Status& why);
   void post_recv_buffer(uint32_t pool, uint32_t buffer);
   void on_recv_done(uint64_t ctx, uint64_t len, const Status& st);

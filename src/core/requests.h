@@ -1,0 +1,106 @@
+// What a submitter hands a worker: one request type per transfer kind, and
+// the internal requests (receive re-posts, control calls).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <variant>
+#include <vector>
+
+#include "core/domain.h"
+#include "core/sharding.h"
+#include "ferry/engine.h"
+
+namespace ferry::core {
+
+using Clock = std::chrono::steady_clock;
+
+// A registered region and its per-NIC registrations. Shared by the engine's
+// table and by transfers in flight, so an unregistered region stays valid
+// until the NICs are done with it; destroyed on its worker thread.
+struct Registration {
+  uint64_t id = 0;
+  uint8_t* ptr = nullptr;
+  uint64_t len = 0;
+  Device device;
+  size_t group = 0;
+  std::vector<std::unique_ptr<DomainMr>> mrs;  // one per NIC of the group
+  std::array<void*, kMaxNics> local_desc{};
+};
+using RegRef = std::shared_ptr<Registration>;
+
+// What a write needs of a destination descriptor, held without heap
+// allocation (addresses are immutable and shared).
+struct DstRef {
+  std::array<MrDesc::Nic, kMaxNics> nics;
+  uint8_t count = 0;
+  static DstRef of(const MrDesc& d) {
+    DstRef r;
+    r.count = static_cast<uint8_t>(std::min(d.nics.size(), kMaxNics));
+    for (size_t i = 0; i < r.count; ++i) r.nics[i] = d.nics[i];
+    return r;
+  }
+};
+
+struct SingleReq {
+  RegRef src;
+  uint64_t src_offset = 0, len = 0;
+  DstRef dst;
+  uint64_t dst_offset = 0;
+  std::optional<uint32_t> imm;
+  WriteRoute route;
+};
+struct PagedReq {
+  RegRef src;
+  uint64_t page_len = 0;
+  Pages src_pages, dst_pages;
+  DstRef dst;
+  std::optional<uint32_t> imm;
+};
+struct ScatterReq {
+  RegRef src;
+  std::vector<ScatterDst> dsts;
+  std::optional<PeerGroupHandle> group;
+  std::optional<uint32_t> imm;
+  GroupRoute route;
+};
+struct BarrierReq {
+  std::vector<MrDesc> dsts;
+  std::optional<PeerGroupHandle> group;
+  uint32_t imm = 0;
+  GroupRoute route;
+};
+struct SendReq {
+  NetAddr addr;
+  uint32_t buffer = 0;  // index into the engine's send pool
+  uint64_t len = 0;
+};
+struct RecvPostReq {
+  uint32_t pool = 0;
+  uint32_t buffer = 0;
+};
+// Runs on the worker thread. Captures only what it owns (shared state, not
+// the caller's stack): a caller that timed out leaves it safe to run later.
+struct ControlReq {
+  std::function<void()> fn;
+};
+
+// One alternative per transfer kind; each has its operation in op_<kind>.cpp.
+using TransferReq = std::variant<SingleReq, PagedReq, ScatterReq, BarrierReq, SendReq>;
+using Request =
+    std::variant<SingleReq, PagedReq, ScatterReq, BarrierReq, SendReq, RecvPostReq, ControlReq>;
+
+struct Command {
+  TransferId id = 0;
+  bool admitted = false;  // counted in the group's requests in flight
+  OnDone on_done;
+  Clock::time_point deadline{};  // epoch = none
+  Request req;
+};
+
+}  // namespace ferry::core

@@ -1,0 +1,58 @@
+// Receives of a worker: posting the engine's receive buffers and handing
+// filled ones to the callback thread, which re-posts them after the user saw
+// the bytes.
+#include <fmt/format.h>
+
+#include "core/callback_thread.h"
+#include "core/ctx.h"
+#include "core/log.h"
+#include "core/worker.h"
+
+namespace ferry::core {
+
+void Worker::post_recv_buffer(uint32_t pool, uint32_t buffer) {
+  auto& p = *(*shared_->recv_pools)[pool];
+  auto r = nics_[0].domain->post_recv(p.buffer(buffer), p.buf_len, p.reg->local_desc[0],
+                                      make_ctx(kTagRecv, pool, buffer));
+  if (!r.error.is_ok() || r.posted == 0) {
+    // Receives are posted rarely; a full queue is retried from the command queue.
+    if (r.error.is_ok()) {
+      Command c;
+      c.req = RecvPostReq{pool, buffer};
+      queue_.enqueue(std::move(c));
+    } else {
+      log().error("NIC {}: cannot post receive buffer {} of pool {}: {}", infos_[0].name, buffer,
+                  pool, r.error.message());
+    }
+  }
+}
+
+void Worker::on_recv_done(uint64_t ctx, uint64_t len, const Status& st) {
+  uint32_t pool = ctx_gen(ctx), buffer = ctx_idx(ctx);
+  if (ctx_tag(ctx) != kTagRecv || pool >= shared_->recv_pools->size() ||
+      !(*shared_->recv_pools)[pool])
+    return;
+  if (!st.is_ok()) {
+    if (!stop_.load())
+      log().warn("NIC {}: receive failed: {} (buffer re-posted)", infos_[0].name, st.message());
+    if (!stop_.load()) post_recv_buffer(pool, buffer);
+    return;
+  }
+  RecvPool* p = (*shared_->recv_pools)[pool].get();
+  len = std::min<uint64_t>(len, p->buf_len);
+  // The user sees the bytes in place; the buffer goes back to the NIC after.
+  shared_->callbacks->push(TaskEvent{[this, p, pool, buffer, len] {
+    struct Repost {
+      Worker* w;
+      uint32_t pool, buffer;
+      ~Repost() {
+        Command c;
+        c.req = RecvPostReq{pool, buffer};
+        w->submit(std::move(c));
+      }
+    } repost{this, pool, buffer};
+    p->on_recv(std::span<const uint8_t>(p->buffer(buffer), len));
+  }});
+}
+
+}  // namespace ferry::core
