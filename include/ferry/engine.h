@@ -124,6 +124,24 @@ struct ImmPlan {
   static uint64_t imm() { return 1; }
 };
 
+// A transfer shape validated, resolved and templated once (prepare_*) and
+// posted many times with submit(prepared, imm, on_done): KV pages of a layer,
+// an MoE combine, the same every step. Copies share one shape. A prepared
+// transfer whose source region was unregistered fails with
+// kFailedPrecondition; one whose peer failed or restarted fails as a plain
+// transfer to it would (kUnavailable, kAborted).
+class PreparedTransfer {
+ public:
+  struct State;  // the library's
+  PreparedTransfer() = default;
+  bool valid() const { return s_ != nullptr; }
+
+ private:
+  friend class TransferEngine;
+  explicit PreparedTransfer(std::shared_ptr<const State> s) : s_(std::move(s)) {}
+  std::shared_ptr<const State> s_;
+};
+
 class TransferEngine {
  public:
   explicit TransferEngine(EngineConfig config = {});
@@ -168,6 +186,20 @@ class TransferEngine {
   // Zero-byte write carrying only an immediate.
   TransferId submit_imm(uint32_t imm, const MrDesc& dst, OnDone on_done,
                         WriteRoute route = WriteRoute::pinned(0));
+
+  // --- prepared transfers (PreparedTransfer) --------------------------------
+  // The same arguments and checks as the submit_* of the same name, less the
+  // immediate and OnDone; throw what they would throw.
+  PreparedTransfer prepare_single_write(uint64_t len, MrHandle src, uint64_t src_offset,
+                                        const MrDesc& dst, uint64_t dst_offset,
+                                        WriteRoute route = {});
+  PreparedTransfer prepare_paged_writes(uint64_t page_len, MrHandle src, Pages src_pages,
+                                        const MrDesc& dst, Pages dst_pages);
+  PreparedTransfer prepare_scatter(std::optional<PeerGroupHandle> group, MrHandle src,
+                                   std::vector<ScatterDst> dsts, GroupRoute route = {});
+  // Posts a prepared transfer with `imm` on every write (as its submit_*
+  // would). No per-page validation, lookup or allocation.
+  TransferId submit(const PreparedTransfer& prepared, std::optional<uint32_t> imm, OnDone on_done);
 
   // --- peer groups ----------------------------------------------------------
   // peers[i] = every NIC address of peer i (as in its MrDesc). Idempotent.

@@ -38,7 +38,7 @@ ShardPlan plan_targets(uint32_t targets, const GroupRoute& route, OpHost& h, boo
 
 }  // namespace
 
-Status prepare(Slot& s, ScatterReq& r, OpHost& h) {
+Status prepare(Slot& s, const ScatterReq& r, OpHost& h) {
   for (uint8_t k = 0; k < h.nic_count; ++k) s.src_desc[k] = r.src->local_desc[k];
   return resolve_group(
       s, r.group, r.dsts.size(), [&](size_t t) -> const MrDesc& { return r.dsts[t].dst; }, h);
@@ -75,8 +75,8 @@ PostStep post(Slot& s, const ScatterReq& r, Cursor& c, const PostTarget& t, OpHo
       units[n] = c.next;
       WriteDesc& w = out[n++];
       w.ctx = ctx;
-      w.has_imm = r.imm.has_value();
-      w.imm = r.imm.value_or(0);
+      w.has_imm = s.imm.has_value();
+      w.imm = s.imm.value_or(0);
       w.local_desc = s.src_desc[t.nic];
       w.len = len;
       w.src = r.src->ptr + d.src_offset + off;
@@ -98,8 +98,8 @@ PostStep post(Slot& s, const BarrierReq& r, Cursor& c, const PostTarget& t, OpHo
       units[n] = c.next;
       WriteDesc& w = out[n++];
       w.ctx = ctx;
-      w.has_imm = true;
-      w.imm = r.imm;
+      w.has_imm = s.imm.has_value();
+      w.imm = s.imm.value_or(0);
       w.len = 0;
       w.src = nullptr;
       w.local_desc = nullptr;

@@ -23,8 +23,8 @@ PagedDesc paged_desc(const Slot& s, const PagedReq& r, const Cursor& c, uint8_t 
   p.local_desc = s.src_desc[nic];
   p.peer = s.peer[nic];
   p.rkey = d.rkey;
-  p.imm = r.imm.value_or(0);
-  p.has_imm = r.imm.has_value();
+  p.imm = s.imm.value_or(0);
+  p.has_imm = s.imm.has_value();
   p.ctx = make_ctx(kTagWrite, s.gen, c.slot);
   return p;
 }

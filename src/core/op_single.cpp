@@ -20,11 +20,11 @@ Status resolve_point(Slot& s, const RegRef& src, const DstRef& dst, OpHost& h) {
 
 }  // namespace
 
-Status prepare(Slot& s, SingleReq& r, OpHost& h) {
+Status prepare(Slot& s, const SingleReq& r, OpHost& h) {
   return resolve_point(s, r.src, r.dst, h);
 }
 
-Status prepare(Slot& s, PagedReq& r, OpHost& h) {
+Status prepare(Slot& s, const PagedReq& r, OpHost& h) {
   return resolve_point(s, r.src, r.dst, h);
 }
 
@@ -43,8 +43,8 @@ PostStep post(Slot& s, const SingleReq& r, Cursor& c, const PostTarget& t, OpHos
       units[n] = c.next;
       WriteDesc& w = out[n++];
       w.ctx = ctx;
-      w.has_imm = r.imm.has_value();
-      w.imm = r.imm.value_or(0);
+      w.has_imm = s.imm.has_value();
+      w.imm = s.imm.value_or(0);
       w.local_desc = s.src_desc[t.nic];
       uint64_t off = s.split.piece_offset(c.next);
       w.len = s.split.piece_len(c.next, r.len);

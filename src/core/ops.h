@@ -61,23 +61,26 @@ struct PostStep {
 
 namespace ops {
 
-Status prepare(Slot& s, SingleReq& r, OpHost& h);
-Status prepare(Slot& s, PagedReq& r, OpHost& h);
-Status prepare(Slot& s, ScatterReq& r, OpHost& h);
+Status prepare(Slot& s, const SingleReq& r, OpHost& h);
+Status prepare(Slot& s, const PagedReq& r, OpHost& h);
+Status prepare(Slot& s, const ScatterReq& r, OpHost& h);
 Status prepare(Slot& s, BarrierReq& r, OpHost& h);
 Status prepare(Slot& s, SendReq& r, OpHost& h);
+Status prepare(Slot& s, PreparedReq& r, OpHost& h);
 
 ShardPlan plan(Slot& s, const SingleReq& r, OpHost& h);
 ShardPlan plan(Slot& s, const PagedReq& r, OpHost& h);
 ShardPlan plan(Slot& s, const ScatterReq& r, OpHost& h);
 ShardPlan plan(Slot& s, const BarrierReq& r, OpHost& h);
 ShardPlan plan(Slot& s, const SendReq& r, OpHost& h);
+ShardPlan plan(Slot& s, const PreparedReq& r, OpHost& h);
 
 PostStep post(Slot& s, const SingleReq& r, Cursor& c, const PostTarget& t, OpHost& h);
 PostStep post(Slot& s, const PagedReq& r, Cursor& c, const PostTarget& t, OpHost& h);
 PostStep post(Slot& s, const ScatterReq& r, Cursor& c, const PostTarget& t, OpHost& h);
 PostStep post(Slot& s, const BarrierReq& r, Cursor& c, const PostTarget& t, OpHost& h);
 PostStep post(Slot& s, const SendReq& r, Cursor& c, const PostTarget& t, OpHost& h);
+PostStep post(Slot& s, const PreparedReq& r, Cursor& c, const PostTarget& t, OpHost& h);
 
 // Point-to-point kinds name their peer; group kinds fail only their transfer.
 inline const NetAddr* peer(const SingleReq& r, uint8_t nic) {
@@ -95,12 +98,34 @@ inline const NetAddr* peer(const BarrierReq&, uint8_t) {
 inline const NetAddr* peer(const SendReq& r, uint8_t) {
   return &r.addr;
 }
+const NetAddr* peer(const PreparedReq& r, uint8_t nic);
 
 inline void release(SingleReq&, OpHost&) {}
 inline void release(PagedReq&, OpHost&) {}
 inline void release(ScatterReq&, OpHost&) {}
 inline void release(BarrierReq&, OpHost&) {}
 void release(SendReq& r, OpHost& h);
+inline void release(PreparedReq&, OpHost&) {}
+
+// The immediate a request carries.
+inline std::optional<uint32_t> imm_of(const SingleReq& r) {
+  return r.imm;
+}
+inline std::optional<uint32_t> imm_of(const PagedReq& r) {
+  return r.imm;
+}
+inline std::optional<uint32_t> imm_of(const ScatterReq& r) {
+  return r.imm;
+}
+inline std::optional<uint32_t> imm_of(const BarrierReq& r) {
+  return r.imm;
+}
+inline std::optional<uint32_t> imm_of(const SendReq&) {
+  return std::nullopt;
+}
+inline std::optional<uint32_t> imm_of(const PreparedReq& r) {
+  return r.imm;
+}
 
 // Shared by the kinds that post WriteDescs: fill a batch with `fill`, post it,
 // and move the cursor back to the first write the NIC did not take.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -31,6 +32,8 @@ struct Registration {
   size_t group = 0;
   std::vector<std::unique_ptr<DomainMr>> mrs;  // one per NIC of the group
   std::array<void*, kMaxNics> local_desc{};
+  // Set by unreg_mr: prepared transfers holding the region fail from then on.
+  std::atomic<bool> retired{false};
 };
 using RegRef = std::shared_ptr<Registration>;
 
@@ -80,6 +83,14 @@ struct SendReq {
   uint32_t buffer = 0;  // index into the engine's send pool
   uint64_t len = 0;
 };
+// A transfer shape validated once (TransferEngine::prepare_*) and posted many
+// times: the submitter only adds the immediate. The base request carries no
+// immediate of its own.
+using PreparedBase = std::variant<SingleReq, PagedReq, ScatterReq>;
+struct PreparedReq {
+  std::shared_ptr<const PreparedTransfer::State> shape;
+  std::optional<uint32_t> imm;
+};
 struct RecvPostReq {
   uint32_t pool = 0;
   uint32_t buffer = 0;
@@ -91,9 +102,9 @@ struct ControlReq {
 };
 
 // One alternative per transfer kind; each has its operation in op_<kind>.cpp.
-using TransferReq = std::variant<SingleReq, PagedReq, ScatterReq, BarrierReq, SendReq>;
-using Request =
-    std::variant<SingleReq, PagedReq, ScatterReq, BarrierReq, SendReq, RecvPostReq, ControlReq>;
+using TransferReq = std::variant<SingleReq, PagedReq, ScatterReq, BarrierReq, SendReq, PreparedReq>;
+using Request = std::variant<SingleReq, PagedReq, ScatterReq, BarrierReq, SendReq, PreparedReq,
+                             RecvPostReq, ControlReq>;
 
 struct Command {
   TransferId id = 0;
@@ -104,3 +115,10 @@ struct Command {
 };
 
 }  // namespace ferry::core
+
+// The library's side of a prepared transfer (ferry/engine.h).
+struct ferry::PreparedTransfer::State {
+  core::PreparedBase req;
+  size_t group = 0;              // the worker that owns the source region
+  const void* engine = nullptr;  // the engine that prepared it
+};

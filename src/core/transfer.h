@@ -29,6 +29,9 @@ struct Slot {
   uint64_t posted = 0, completed = 0;
   Status error;
   TransferReq req;
+  // The immediate every write carries (none: plain writes), from the request
+  // or, for a prepared transfer, from its submit.
+  std::optional<uint32_t> imm;
   // Resolved per NIC: local source descriptor; single/paged destination.
   std::array<void*, kMaxNics> src_desc{};
   std::array<PeerId, kMaxNics> peer{};

@@ -386,6 +386,7 @@ void Worker::start_transfer(Command& cmd) {
           return std::move(r);
       },
       std::move(cmd.req));
+  s.imm = std::visit([](const auto& r) { return ops::imm_of(r); }, s.req);
   s.peers.clear();
   s.group_peers = nullptr;
   ++active_;

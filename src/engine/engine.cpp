@@ -395,6 +395,7 @@ void TransferEngine::unreg_mr(MrHandle handle) {
     reg = std::move(it->second);
     im.regs.erase(it);
   }
+  reg->retired.store(true, std::memory_order_release);
   auto& w = *im.workers.at(reg->group);
   // The reference moves into the call: unless a transfer in flight still
   // reads from the region, the NICs deregister it before unreg_mr returns, so
@@ -468,54 +469,49 @@ void TransferEngine::submit_recvs(size_t len, size_t count, RecvCallback on_recv
   }
 }
 
-// -------------------------------------------------------------- one-sided
+namespace {
 
-TransferId TransferEngine::submit_single_write(uint64_t len, std::optional<uint32_t> imm,
-                                               MrHandle src, uint64_t src_offset, const MrDesc& dst,
-                                               uint64_t dst_offset, OnDone on_done,
-                                               WriteRoute route) {
-  auto& im = *impl_;
-  auto entered = im.enter();
-  RegRef reg = im.lookup(src, "submit_single_write");
+// Validated requests, shared by submit_* and prepare_*: throw before anything
+// is queued, and say which worker owns the source region.
+core::SingleReq single_req(TransferEngine::Impl& im, uint64_t len, std::optional<uint32_t> imm,
+                           MrHandle src, uint64_t src_offset, const MrDesc& dst,
+                           uint64_t dst_offset, WriteRoute route, const char* what, size_t* owner) {
+  RegRef reg = im.lookup(src, what);
   auto& w = *im.workers[reg->group];
-  im.check_desc(dst, w.nics(), "submit_single_write");
-  im.check_writable(dst, "submit_single_write");
+  im.check_desc(dst, w.nics(), what);
+  im.check_writable(dst, what);
   if (!fits(src_offset, len, reg->len))
-    throw Error(
-        Code::kOutOfRange,
-        fmt::format("submit_single_write: source [{}, +{}) is outside the region of {} bytes",
-                    src_offset, len, reg->len));
-  if (!fits(dst_offset, len, dst.len))
     throw Error(Code::kOutOfRange,
-                fmt::format("submit_single_write: destination [{}, +{}) is outside the remote "
-                            "region of {} bytes",
-                            dst_offset, len, dst.len));
+                fmt::format("{}: source [{}, +{}) is outside the region of {} bytes", what,
+                            src_offset, len, reg->len));
+  if (!fits(dst_offset, len, dst.len))
+    throw Error(Code::kOutOfRange, fmt::format("{}: destination [{}, +{}) is outside the remote "
+                                               "region of {} bytes",
+                                               what, dst_offset, len, dst.len));
   if (route.kind == WriteRoute::Kind::kPinned && route.nic >= w.nics())
     throw Error(Code::kInvalidArgument,
-                fmt::format("submit_single_write: pinned NIC {} of {}", route.nic, w.nics()));
+                fmt::format("{}: pinned NIC {} of {}", what, route.nic, w.nics()));
   if (route.max_shards > w.nics())
-    throw Error(Code::kInvalidArgument, fmt::format("submit_single_write: {} shards over {} NICs",
-                                                    route.max_shards, w.nics()));
-  return im.submit(w, std::move(on_done),
-                   core::SingleReq{std::move(reg), src_offset, len, core::DstRef::of(dst),
-                                   dst_offset, imm, route});
+    throw Error(Code::kInvalidArgument,
+                fmt::format("{}: {} shards over {} NICs", what, route.max_shards, w.nics()));
+  *owner = reg->group;
+  return core::SingleReq{std::move(reg), src_offset, len,  core::DstRef::of(dst),
+                         dst_offset,     imm,        route};
 }
 
-TransferId TransferEngine::submit_paged_writes(uint64_t page_len, std::optional<uint32_t> imm,
-                                               MrHandle src, Pages src_pages, const MrDesc& dst,
-                                               Pages dst_pages, OnDone on_done) {
-  auto& im = *impl_;
-  auto entered = im.enter();
-  RegRef reg = im.lookup(src, "submit_paged_writes");
+core::PagedReq paged_req(TransferEngine::Impl& im, uint64_t page_len, std::optional<uint32_t> imm,
+                         MrHandle src, Pages src_pages, const MrDesc& dst, Pages dst_pages,
+                         const char* what, size_t* owner) {
+  RegRef reg = im.lookup(src, what);
   auto& w = *im.workers[reg->group];
-  im.check_desc(dst, w.nics(), "submit_paged_writes");
-  im.check_writable(dst, "submit_paged_writes");
+  im.check_desc(dst, w.nics(), what);
+  im.check_writable(dst, what);
   if (src_pages.indices.size() != dst_pages.indices.size())
     throw Error(Code::kInvalidArgument,
-                fmt::format("submit_paged_writes: {} source pages but {} destination pages",
+                fmt::format("{}: {} source pages but {} destination pages", what,
                             src_pages.indices.size(), dst_pages.indices.size()));
   if (src_pages.indices.size() > UINT32_MAX)
-    throw Error(Code::kInvalidArgument, "submit_paged_writes: more than 2^32 pages");
+    throw Error(Code::kInvalidArgument, fmt::format("{}: more than 2^32 pages", what));
   // One pass for the largest index bounds every page.
   auto check = [&](const Pages& p, uint64_t limit, const char* side) {
     if (p.indices.empty()) return;
@@ -526,15 +522,96 @@ TransferId TransferEngine::submit_paged_writes(uint64_t page_len, std::optional<
                     __builtin_add_overflow(end, page_len, &end);
     if (overflow || end > limit)
       throw Error(Code::kOutOfRange,
-                  fmt::format("submit_paged_writes: {} page {} (stride {}, offset {}, length {}) "
+                  fmt::format("{}: {} page {} (stride {}, offset {}, length {}) "
                               "ends past the region of {} bytes",
-                              side, max, p.stride, p.offset, page_len, limit));
+                              what, side, max, p.stride, p.offset, page_len, limit));
   };
   check(src_pages, reg->len, "source");
   check(dst_pages, dst.len, "destination");
-  return im.submit(w, std::move(on_done),
-                   core::PagedReq{std::move(reg), page_len, std::move(src_pages),
-                                  std::move(dst_pages), core::DstRef::of(dst), imm});
+  *owner = reg->group;
+  return core::PagedReq{std::move(reg),        page_len, std::move(src_pages), std::move(dst_pages),
+                        core::DstRef::of(dst), imm};
+}
+
+core::ScatterReq scatter_req(TransferEngine::Impl& im, std::optional<PeerGroupHandle> group,
+                             std::optional<uint32_t> imm, MrHandle src,
+                             std::vector<ScatterDst> dsts, GroupRoute route, const char* what,
+                             size_t* owner) {
+  RegRef reg = im.lookup(src, what);
+  auto& w = *im.workers[reg->group];
+  if (route.kind == GroupRoute::Kind::kPinned && route.nic >= w.nics())
+    throw Error(Code::kInvalidArgument,
+                fmt::format("{}: pinned NIC {} of {}", what, route.nic, w.nics()));
+  if (dsts.size() > UINT32_MAX)
+    throw Error(Code::kInvalidArgument, fmt::format("{}: too many targets", what));
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const auto& t = dsts[i];
+    im.check_desc(t.dst, w.nics(), what);
+    im.check_writable(t.dst, what);
+    if (!fits(t.src_offset, t.len, reg->len))
+      throw Error(Code::kOutOfRange,
+                  fmt::format("{}: target {} source [{}, +{}) outside the region of {} "
+                              "bytes",
+                              what, i, t.src_offset, t.len, reg->len));
+    if (!fits(t.dst_offset, t.len, t.dst.len))
+      throw Error(Code::kOutOfRange,
+                  fmt::format("{}: target {} destination [{}, +{}) outside the remote "
+                              "region of {} bytes",
+                              what, i, t.dst_offset, t.len, t.dst.len));
+  }
+  *owner = reg->group;
+  return core::ScatterReq{std::move(reg), std::move(dsts), group, imm, route};
+}
+
+}  // namespace
+
+// -------------------------------------------------------------- one-sided
+
+TransferId TransferEngine::submit_single_write(uint64_t len, std::optional<uint32_t> imm,
+                                               MrHandle src, uint64_t src_offset, const MrDesc& dst,
+                                               uint64_t dst_offset, OnDone on_done,
+                                               WriteRoute route) {
+  auto& im = *impl_;
+  auto entered = im.enter();
+  size_t g = 0;
+  auto req =
+      single_req(im, len, imm, src, src_offset, dst, dst_offset, route, "submit_single_write", &g);
+  return im.submit(*im.workers[g], std::move(on_done), std::move(req));
+}
+
+PreparedTransfer TransferEngine::prepare_single_write(uint64_t len, MrHandle src,
+                                                      uint64_t src_offset, const MrDesc& dst,
+                                                      uint64_t dst_offset, WriteRoute route) {
+  auto& im = *impl_;
+  auto entered = im.enter();
+  auto st = std::make_shared<PreparedTransfer::State>();
+  st->req = single_req(im, len, std::nullopt, src, src_offset, dst, dst_offset, route,
+                       "prepare_single_write", &st->group);
+  st->engine = &im;
+  return PreparedTransfer(std::move(st));
+}
+
+TransferId TransferEngine::submit_paged_writes(uint64_t page_len, std::optional<uint32_t> imm,
+                                               MrHandle src, Pages src_pages, const MrDesc& dst,
+                                               Pages dst_pages, OnDone on_done) {
+  auto& im = *impl_;
+  auto entered = im.enter();
+  size_t g = 0;
+  auto req = paged_req(im, page_len, imm, src, std::move(src_pages), dst, std::move(dst_pages),
+                       "submit_paged_writes", &g);
+  return im.submit(*im.workers[g], std::move(on_done), std::move(req));
+}
+
+PreparedTransfer TransferEngine::prepare_paged_writes(uint64_t page_len, MrHandle src,
+                                                      Pages src_pages, const MrDesc& dst,
+                                                      Pages dst_pages) {
+  auto& im = *impl_;
+  auto entered = im.enter();
+  auto st = std::make_shared<PreparedTransfer::State>();
+  st->req = paged_req(im, page_len, std::nullopt, src, std::move(src_pages), dst,
+                      std::move(dst_pages), "prepare_paged_writes", &st->group);
+  st->engine = &im;
+  return PreparedTransfer(std::move(st));
 }
 
 TransferId TransferEngine::submit_imm(uint32_t imm, const MrDesc& dst, OnDone on_done,
@@ -597,30 +674,39 @@ TransferId TransferEngine::submit_scatter(std::optional<PeerGroupHandle> group, 
                                           std::vector<ScatterDst> dsts, GroupRoute route) {
   auto& im = *impl_;
   auto entered = im.enter();
-  RegRef reg = im.lookup(src, "submit_scatter");
-  auto& w = *im.workers[reg->group];
-  if (route.kind == GroupRoute::Kind::kPinned && route.nic >= w.nics())
+  size_t g = 0;
+  auto req = scatter_req(im, group, imm, src, std::move(dsts), route, "submit_scatter", &g);
+  return im.submit(*im.workers[g], std::move(on_done), std::move(req));
+}
+
+PreparedTransfer TransferEngine::prepare_scatter(std::optional<PeerGroupHandle> group, MrHandle src,
+                                                 std::vector<ScatterDst> dsts, GroupRoute route) {
+  auto& im = *impl_;
+  auto entered = im.enter();
+  auto st = std::make_shared<PreparedTransfer::State>();
+  st->req = scatter_req(im, group, std::nullopt, src, std::move(dsts), route, "prepare_scatter",
+                        &st->group);
+  st->engine = &im;
+  return PreparedTransfer(std::move(st));
+}
+
+TransferId TransferEngine::submit(const PreparedTransfer& prepared, std::optional<uint32_t> imm,
+                                  OnDone on_done) {
+  auto& im = *impl_;
+  auto entered = im.enter();
+  if (!prepared.valid()) throw Error(Code::kInvalidArgument, "submit: empty PreparedTransfer");
+  const auto& st = prepared.s_;
+  if (st->engine != &im)
     throw Error(Code::kInvalidArgument,
-                fmt::format("submit_scatter: pinned NIC {} of {}", route.nic, w.nics()));
-  if (dsts.size() > UINT32_MAX)
-    throw Error(Code::kInvalidArgument, "submit_scatter: too many targets");
-  for (size_t i = 0; i < dsts.size(); ++i) {
-    const auto& t = dsts[i];
-    im.check_desc(t.dst, w.nics(), "submit_scatter");
-    im.check_writable(t.dst, "submit_scatter");
-    if (!fits(t.src_offset, t.len, reg->len))
-      throw Error(Code::kOutOfRange,
-                  fmt::format("submit_scatter: target {} source [{}, +{}) outside the region of {} "
-                              "bytes",
-                              i, t.src_offset, t.len, reg->len));
-    if (!fits(t.dst_offset, t.len, t.dst.len))
-      throw Error(Code::kOutOfRange,
-                  fmt::format("submit_scatter: target {} destination [{}, +{}) outside the remote "
-                              "region of {} bytes",
-                              i, t.dst_offset, t.len, t.dst.len));
-  }
-  return im.submit(w, std::move(on_done),
-                   core::ScatterReq{std::move(reg), std::move(dsts), group, imm, route});
+                "submit: the PreparedTransfer was prepared by another TransferEngine");
+  // Caught here for the caller's sake; the worker checks again (unreg_mr may
+  // race this submit).
+  const bool retired = std::visit(
+      [](const auto& r) { return r.src->retired.load(std::memory_order_acquire); }, st->req);
+  if (retired)
+    throw Error(Code::kFailedPrecondition,
+                "submit: the prepared transfer's source region was unregistered (unreg_mr)");
+  return im.submit(*im.workers[st->group], std::move(on_done), core::PreparedReq{st, imm});
 }
 
 TransferId TransferEngine::submit_barrier(std::optional<PeerGroupHandle> group, OnDone on_done,
