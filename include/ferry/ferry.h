@@ -1,5 +1,6 @@
 #pragma once
 #include "ferry/engine.h"
+#include "ferry/info.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
 #include "ferry/version.h"

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ferry/info.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
 
@@ -205,6 +206,8 @@ struct DomainFamily {
   // provider string no other family claims ("efa", "tcp;ofi_rxm", "shm").
   bool (*serves)(std::string_view provider) = nullptr;
   std::unique_ptr<Domain> (*open)(const DomainOptions& options, Status* error) = nullptr;
+  // The NICs `open` would find for `provider` (ferry/info.h).
+  ProviderListing (*list)(const std::string& provider) = nullptr;
 };
 
 }  // namespace ferry::core

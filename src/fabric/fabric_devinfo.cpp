@@ -101,13 +101,14 @@ std::vector<std::string> usable_domain_names(const std::string& provider, bool h
   return names;
 }
 
-std::vector<FabricNicInfo> list_fabric_nics(const std::string& provider) {
+std::vector<FabricNicInfo> list_fabric_nics(const std::string& provider, std::string* note) {
   std::vector<FabricNicInfo> nics;
   int ret = 0;
   InfoPtr list = query(provider, /*hmem=*/false, &ret);
   if (!list) {
     core::log().debug("ferry fabric: fi_getinfo(provider '{}') found nothing: {}", provider,
                       fi_strerror(-ret));
+    if (note) *note = std::string("fi_getinfo: ") + fi_strerror(-ret);
     return nics;
   }
   for (const fi_info* info = list.get(); info != nullptr; info = info->next) {
@@ -124,6 +125,7 @@ std::vector<FabricNicInfo> list_fabric_nics(const std::string& provider) {
       nic.link_speed_bps = info->nic->link_attr->speed;
     }
     nic.pci_address = pci_address(info);
+    nic.hmem = (info->caps & FI_HMEM) != 0;
     nics.push_back(std::move(nic));
   }
 

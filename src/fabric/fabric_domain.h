@@ -18,8 +18,11 @@ struct FabricNicInfo {
   bool hmem = false;        // FI_HMEM supported
 };
 
-// Domains the provider offers with RDM endpoints, RMA, MSG and remote CQ data.
-std::vector<FabricNicInfo> list_fabric_nics(const std::string& provider);
+// Domains the provider offers with RDM endpoints, RMA, MSG and remote CQ data
+// (the hints and filters open_fabric_domain uses). *note, when given, gets
+// fi_getinfo's answer when it found nothing.
+std::vector<FabricNicInfo> list_fabric_nics(const std::string& provider,
+                                            std::string* note = nullptr);
 
 // Opens one NIC. Never falls back to another provider: failure is returned.
 std::unique_ptr<core::Domain> open_fabric_domain(const core::DomainOptions& options, Status* error);

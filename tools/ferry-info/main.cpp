@@ -1,8 +1,6 @@
 // ferry-info: what ferry sees on this machine. GPUs, NICs, NUMA nodes and
 // cores from sysfs, the libfabric providers that answer, and the groups a
 // topology-driven engine would build. `--json` is the same for scripts.
-#include <rdma/fabric.h>
-#include <rdma/fi_errno.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -16,6 +14,7 @@
 #include <vector>
 
 #include "engine/provider_select.h"
+#include "ferry/info.h"
 #include "ferry/status.h"
 #include "ferry/version.h"
 #include "topo/topology.h"
@@ -46,50 +45,14 @@ struct ProviderProbe {
   std::vector<FabricDomain> domains;
 };
 
-// The hints a transfer engine needs: reliable datagram endpoints with RMA and
-// messages, and the memory-registration modes ferry copes with (the same
-// set the reference design asks for).
+// Asked the way the engine asks (ferry/info.h): the same family and, for
+// libfabric, the same fi_getinfo hints and filters, so a listed NIC opens.
 ProviderProbe probe(const std::string& prov) {
-  ProviderProbe out{prov, "", {}};
-  fi_info* hints = fi_allocinfo();
-  if (!hints) {
-    out.error = "fi_allocinfo failed";
-    return out;
-  }
-  hints->ep_attr->type = FI_EP_RDM;
-  hints->caps = FI_RMA | FI_MSG;
-  hints->mode = FI_CONTEXT | FI_CONTEXT2;
-  hints->domain_attr->mr_mode =
-      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_HMEM;
-  hints->fabric_attr->prov_name = strdup(prov.c_str());  // freed by fi_freeinfo
-  fi_info* list = nullptr;
-  const int rc =
-      fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), nullptr, nullptr, 0, hints, &list);
-  fi_freeinfo(hints);
-  if (rc != 0) {
-    out.error = fi_strerror(-rc);
-    return out;
-  }
-  // One entry per address format and endpoint flavour: keep one per domain.
-  std::set<std::string> seen;
-  for (fi_info* i = list; i; i = i->next) {
-    FabricDomain d;
-    d.name = i->domain_attr && i->domain_attr->name ? i->domain_attr->name : "?";
-    d.fabric = i->fabric_attr && i->fabric_attr->name ? i->fabric_attr->name : "?";
-    d.provider = i->fabric_attr && i->fabric_attr->prov_name ? i->fabric_attr->prov_name : prov;
-    if (!seen.insert(d.provider + "/" + d.name).second) continue;
-    d.hmem = (i->caps & FI_HMEM) != 0;
-    if (i->nic) {
-      if (i->nic->link_attr) d.link_speed_bps = i->nic->link_attr->speed;
-      if (i->nic->bus_attr && i->nic->bus_attr->bus_type == FI_BUS_PCI) {
-        const auto& p = i->nic->bus_attr->attr.pci;
-        ferry::topo::PciAddr a{p.domain_id, p.bus_id, p.device_id, p.function_id};
-        d.pci = a.to_string();
-      }
-    }
-    out.domains.push_back(std::move(d));
-  }
-  fi_freeinfo(list);
+  const ferry::ProviderListing l = ferry::list_provider(prov);
+  ProviderProbe out{prov, l.nics.empty() ? l.note : "", {}};
+  for (const auto& n : l.nics)
+    out.domains.push_back(
+        FabricDomain{n.name, n.fabric, n.provider, n.link_speed_bps, n.pci_address, n.hmem});
   return out;
 }
 
@@ -272,7 +235,7 @@ void print_text(std::ostream& os, const std::string& root, const Topology& t,
     nics.print(os);
   }
 
-  os << "\nlibfabric providers (FI_EP_RDM, FI_RMA|FI_MSG)\n";
+  os << "\nproviders, as the engine opens them (ferry/info.h)\n";
   if (probes.empty()) os << "  not probed (--no-fabric)\n";
   for (const auto& p : probes) {
     if (p.domains.empty()) {
