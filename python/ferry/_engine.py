@@ -27,6 +27,7 @@ from ._ferry import (
     MrDesc,
     MrHandle,
     NetAddr,
+    PreparedTransfer,
     ScatterDst,
     TransferCounter,
     WriteRoute,
@@ -594,6 +595,86 @@ class TransferEngine:
             return None
         t = Transfer()
         t.id = self._e.submit_barrier(imm, d, group, r, t, on_done, None)
+        return t
+
+    # ------------------------------------------------------------ prepared transfers
+    # The arguments and checks of the submit_* of the same name, less the immediate and
+    # the completion; they raise what it would raise. submit() posts the result.
+
+    def prepare_single_write(
+        self,
+        src: MrHandle,
+        src_offset: int,
+        length: int,
+        dst: MrDesc,
+        dst_offset: int = 0,
+        route: Optional[WriteRoute] = None,
+    ) -> PreparedTransfer:
+        """Validate a submit_write once; returns a PreparedTransfer for submit().
+
+        Same arguments (less imm) and errors as submit_write.
+        """
+        r = route if route is not None else _SPLIT
+        return self._e.prepare_single_write(src, src_offset, length, dst, dst_offset, r)
+
+    def prepare_paged_writes(
+        self,
+        page_len: int,
+        src: MrHandle,
+        src_pages: PageList,
+        src_stride: int,
+        src_offset: int,
+        dst: MrDesc,
+        dst_pages: PageList,
+        dst_stride: int,
+        dst_offset: int = 0,
+    ) -> PreparedTransfer:
+        """Validate a submit_paged_writes once (page lists copied and checked now); returns
+        a PreparedTransfer for submit().
+
+        Same arguments (less imm) and errors as submit_paged_writes.
+        """
+        return self._e.prepare_paged_writes(
+            page_len, src, src_pages, src_stride, src_offset, dst, dst_pages, dst_stride, dst_offset,
+        )
+
+    def prepare_scatter(
+        self,
+        src: MrHandle,
+        dsts: Iterable[Union[ScatterDst, tuple]],
+        group: Optional[int] = None,
+        route: Optional[GroupRoute] = None,
+    ) -> PreparedTransfer:
+        """Validate a submit_scatter once; returns a PreparedTransfer for submit().
+
+        Same arguments (less imm) and errors as submit_scatter.
+        """
+        d = _desc_list(dsts)
+        r = route if route is not None else _SHARD_PEERS
+        return self._e.prepare_scatter(src, d, group, r)
+
+    def submit(
+        self,
+        prepared: PreparedTransfer,
+        imm: Optional[int] = None,
+        on_done: Optional[OnDone] = None,
+        *,
+        counter: Optional[TransferCounter] = None,
+    ) -> Optional[Transfer]:
+        """Post a prepared transfer with `imm` on every write (as its submit_* would), with
+        no per-page validation or copy. May be called any number of times.
+
+        The receiver counts `imm` as for the submit_* of the same name (ferry.ImmPlan).
+        Raises FailedPrecondition when the source region was unregistered since it was
+        prepared, and InvalidArgument for a PreparedTransfer of another engine. A peer that
+        went away fails the Transfer (Unavailable), as a plain transfer to it would.
+        Returns a Transfer (None when counter= is given).
+        """
+        if counter is not None:
+            self._e.submit(prepared, imm, None, on_done, counter)
+            return None
+        t = Transfer()
+        t.id = self._e.submit(prepared, imm, t, on_done, None)
         return t
 
     # ------------------------------------------------------------------ immediates

@@ -315,6 +315,17 @@ class TransferCounter:
 
     def __repr__(self) -> str: ...
 
+class PreparedTransfer:
+    """
+    A transfer shape validated once by a TransferEngine.prepare_* call; post it with TransferEngine.submit(prepared, imm) as many times as needed. Opaque.
+    """
+
+    @property
+    def kind(self) -> str:
+        """'single_write', 'paged_writes' or 'scatter'."""
+
+    def __repr__(self) -> str: ...
+
 class Engine:
     """The C++ TransferEngine (use ferry.TransferEngine)."""
 
@@ -362,6 +373,14 @@ class Engine:
     def submit_scatter(self, src: MrHandle, dsts: Sequence[ScatterDst], imm: int | None, group: int | None, route: GroupRoute, future: object | None, on_done: object | None, counter: TransferCounter | None) -> int: ...
 
     def submit_barrier(self, imm: int, dsts: Sequence[MrDesc], group: int | None, route: GroupRoute, future: object | None, on_done: object | None, counter: TransferCounter | None) -> int: ...
+
+    def prepare_single_write(self, src: MrHandle, src_offset: int, length: int, dst: MrDesc, dst_offset: int, route: WriteRoute) -> PreparedTransfer: ...
+
+    def prepare_paged_writes(self, page_len: int, src: MrHandle, src_pages: object, src_stride: int, src_offset: int, dst: MrDesc, dst_pages: object, dst_stride: int, dst_offset: int) -> PreparedTransfer: ...
+
+    def prepare_scatter(self, src: MrHandle, dsts: Sequence[ScatterDst], group: int | None, route: GroupRoute) -> PreparedTransfer: ...
+
+    def submit(self, prepared: PreparedTransfer, imm: int | None, future: object | None, on_done: object | None, counter: TransferCounter | None) -> int: ...
 
     def expect_imm_count(self, imm: int, count: int, callback: Callable) -> None: ...
 

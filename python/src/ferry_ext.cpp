@@ -560,6 +560,7 @@ nb::handle list_item(nb::handle list, size_t k) {
 
 constexpr const char* kHandleType = "a ferry.MrHandle (from register())";
 constexpr const char* kDescType = "a ferry.MrDesc (the peer's descriptor)";
+constexpr const char* kPreparedType = "a ferry.PreparedTransfer (from prepare_*())";
 
 std::string dtype_name(nb::dlpack::dtype t) {
   const char* kinds[] = {"int", "uint", "float", "?", "bfloat", "complex", "bool"};
@@ -654,6 +655,21 @@ struct PyMrHandle {
   bool registered = true;
   nb::object owner;  // the registered Python object (None for register_memory)
   MrDesc desc;
+};
+
+// A PreparedTransfer (TransferEngine::prepare_*) and what repr shows of it.
+// The shape holds the source region's registration: the engine empties it on
+// stop (a registration must not outlive its NICs), and the source object stays
+// alive as long as the shape may keep the region registered.
+struct PyPreparedTransfer {
+  struct Holder {
+    PreparedTransfer p;
+  };
+  std::shared_ptr<Holder> h;
+  const char* kind = "";  // "single_write", "paged_writes" or "scatter"
+  uint64_t count = 0;     // bytes, pages or targets
+  uint64_t src_id = 0;    // the source region's registration id
+  nb::object src_owner;   // the registered source object (None for register_memory)
 };
 
 class PyImmCounter {
@@ -961,13 +977,7 @@ class PyEngine {
                           nb::handle route_arg, nb::handle future, nb::handle on_done,
                           nb::handle counter) {
     const PyMrHandle& src = obj_arg<PyMrHandle>(src_arg, "src", kHandleType);
-    if (!PyList_Check(dsts_arg.ptr())) wrong_type("dsts", "a list of ferry.ScatterDst", dsts_arg);
-    nb::list dl = nb::borrow<nb::list>(dsts_arg);
-    std::vector<ScatterDst> dsts;
-    dsts.reserve(nb::len(dl));
-    for (size_t k = 0, n = nb::len(dl); k < n; ++k)
-      dsts.push_back(obj_arg<ScatterDst>(list_item(dl, k), "scatter target " + std::to_string(k),
-                                         "a ferry.ScatterDst"));
+    std::vector<ScatterDst> dsts = scatter_dsts(dsts_arg);
     const auto i = opt_u32_arg(imm, "imm");
     const auto g = opt_u32_arg(group, "group");
     const GroupRoute& route = obj_arg<GroupRoute>(route_arg, "route", "a ferry.GroupRoute or None");
@@ -996,6 +1006,76 @@ class PyEngine {
     OnDone done = completion(future, on_done, counter);
     return without_gil(
         [&] { return engine_->submit_barrier(g, std::move(done), i, std::move(dsts), route); });
+  }
+
+  // --- prepared transfers: the arguments and checks of the submit_* of the same
+  // name, less the immediate and the completion; submit() posts one.
+  PyPreparedTransfer prepare_single_write(nb::handle src_arg, nb::handle src_offset, nb::handle len,
+                                          nb::handle dst_arg, nb::handle dst_offset,
+                                          nb::handle route_arg) {
+    const PyMrHandle& src = obj_arg<PyMrHandle>(src_arg, "src", kHandleType);
+    const auto so = byte_arg(src_offset, "src_offset");
+    const auto l = byte_arg(len, "length");
+    const MrDesc& dst = obj_arg<MrDesc>(dst_arg, "dst", kDescType);
+    const auto doff = byte_arg(dst_offset, "dst_offset");
+    const WriteRoute& route = obj_arg<WriteRoute>(route_arg, "route", "a ferry.WriteRoute or None");
+    check_running();
+    check_handle(src);
+    PreparedTransfer p =
+        without_gil([&] { return engine_->prepare_single_write(l, src.h, so, dst, doff, route); });
+    return keep_prepared(std::move(p), "single_write", l, src);
+  }
+
+  PyPreparedTransfer prepare_paged_writes(nb::handle page_len, nb::handle src_arg,
+                                          nb::handle src_pages, nb::handle src_stride,
+                                          nb::handle src_offset, nb::handle dst_arg,
+                                          nb::handle dst_pages, nb::handle dst_stride,
+                                          nb::handle dst_offset) {
+    const auto pl = byte_arg(page_len, "page_len");
+    const PyMrHandle& src = obj_arg<PyMrHandle>(src_arg, "src", kHandleType);
+    const auto sstride = byte_arg(src_stride, "src_stride");
+    const auto soff = byte_arg(src_offset, "src_offset");
+    const MrDesc& dst = obj_arg<MrDesc>(dst_arg, "dst", kDescType);
+    const auto dstride = byte_arg(dst_stride, "dst_stride");
+    const auto doff = byte_arg(dst_offset, "dst_offset");
+    check_running();
+    check_handle(src);
+    Pages sp{page_indices(src_pages, "source"), sstride, soff};
+    Pages dp{page_indices(dst_pages, "destination"), dstride, doff};
+    const uint64_t pages = sp.indices.size();
+    PreparedTransfer p = without_gil([&] {
+      return engine_->prepare_paged_writes(pl, src.h, std::move(sp), dst, std::move(dp));
+    });
+    return keep_prepared(std::move(p), "paged_writes", pages, src);
+  }
+
+  PyPreparedTransfer prepare_scatter(nb::handle src_arg, nb::handle dsts_arg, nb::handle group,
+                                     nb::handle route_arg) {
+    const PyMrHandle& src = obj_arg<PyMrHandle>(src_arg, "src", kHandleType);
+    std::vector<ScatterDst> dsts = scatter_dsts(dsts_arg);
+    const auto g = opt_u32_arg(group, "group");
+    const GroupRoute& route = obj_arg<GroupRoute>(route_arg, "route", "a ferry.GroupRoute or None");
+    check_running();
+    check_handle(src);
+    const uint64_t targets = dsts.size();
+    PreparedTransfer p =
+        without_gil([&] { return engine_->prepare_scatter(g, src.h, std::move(dsts), route); });
+    return keep_prepared(std::move(p), "scatter", targets, src);
+  }
+
+  // An unregistered source is the engine's to refuse (kFailedPrecondition).
+  uint64_t submit(nb::handle prepared_arg, nb::handle imm, nb::handle future, nb::handle on_done,
+                  nb::handle counter) {
+    const PyPreparedTransfer& prepared =
+        obj_arg<PyPreparedTransfer>(prepared_arg, "prepared", kPreparedType);
+    const auto i = opt_u32_arg(imm, "imm");
+    check_running();
+    OnDone done = completion(future, on_done, counter);
+    PreparedTransfer p = prepared.h->p;  // stop() may empty the holder meanwhile
+    return without_gil([&] {
+      auto dropped = std::move(p);  // released before the GIL is taken back
+      return engine_->submit(dropped, i, std::move(done));
+    });
   }
 
   // --- immediates
@@ -1079,6 +1159,28 @@ class PyEngine {
     if (stopped_) throw Error(Code::kFailedPrecondition, "the transfer engine is stopped");
   }
 
+  PyPreparedTransfer keep_prepared(PreparedTransfer p, const char* kind, uint64_t count,
+                                   const PyMrHandle& src) {
+    auto h = std::make_shared<PyPreparedTransfer::Holder>(PyPreparedTransfer::Holder{std::move(p)});
+    if (prepared_.size() >= 2 * prepared_live_ + 64) {  // amortised pruning of dropped shapes
+      std::erase_if(prepared_, [](const auto& w) { return w.expired(); });
+      prepared_live_ = prepared_.size();
+    }
+    prepared_.push_back(h);
+    return PyPreparedTransfer{std::move(h), kind, count, src.h.id, src.owner};
+  }
+
+  static std::vector<ScatterDst> scatter_dsts(nb::handle dsts_arg) {
+    if (!PyList_Check(dsts_arg.ptr())) wrong_type("dsts", "a list of ferry.ScatterDst", dsts_arg);
+    nb::list dl = nb::borrow<nb::list>(dsts_arg);
+    std::vector<ScatterDst> dsts;
+    dsts.reserve(nb::len(dl));
+    for (size_t k = 0, n = nb::len(dl); k < n; ++k)
+      dsts.push_back(obj_arg<ScatterDst>(list_item(dl, k), "scatter target " + std::to_string(k),
+                                         "a ferry.ScatterDst"));
+    return dsts;
+  }
+
   static void check_handle(const PyMrHandle& h) {
     if (!h.registered)
       throw Error(Code::kNotFound, "memory region " + std::to_string(h.h.id) +
@@ -1150,6 +1252,9 @@ class PyEngine {
     shared_->stopped.store(true, std::memory_order_release);  // counter waits: Cancelled
     for (auto& s : slots_) s->fn.reset();
     slots_.clear();
+    for (auto& w : prepared_)  // their registrations go before the NICs close
+      if (auto h = w.lock()) h->p = PreparedTransfer{};
+    prepared_.clear();
     if (t_callback_depth > 0) {
       // The last reference went away inside a callback: stopping here would
       // join the callback thread from itself. Stop on a helper thread, keeping
@@ -1179,6 +1284,8 @@ class PyEngine {
   std::vector<std::shared_ptr<Slot>> slots_;
   std::unordered_map<uint64_t, nb::object> owners_;
   std::set<std::shared_ptr<PyTransferCounter::State>> counters_;
+  std::vector<std::weak_ptr<PyPreparedTransfer::Holder>> prepared_;
+  size_t prepared_live_ = 0;
 };
 
 // ------------------------------------------------------------------ buffers and providers
@@ -1693,6 +1800,21 @@ NB_MODULE(_ferry, m) {
                ", errors=" + std::to_string(c.errors()) + ")";
       });
 
+  nb::class_<PyPreparedTransfer>(
+      m, "PreparedTransfer",
+      "A transfer shape validated once by a TransferEngine.prepare_* call; post it with "
+      "TransferEngine.submit(prepared, imm) as many times as needed. Opaque.")
+      .def_prop_ro(
+          "kind", [](const PyPreparedTransfer& p) { return std::string(p.kind); },
+          "'single_write', 'paged_writes' or 'scatter'.")
+      .def("__repr__", [](const PyPreparedTransfer& p) {
+        const std::string what = std::string(p.kind) == "single_write"   ? " bytes"
+                                 : std::string(p.kind) == "paged_writes" ? " pages"
+                                                                         : " targets";
+        return "PreparedTransfer(" + std::string(p.kind) + ", " + std::to_string(p.count) + what +
+               ", src=" + std::to_string(p.src_id) + ")";
+      });
+
   // ---- engine
   nb::class_<GroupSpec>(m, "_GroupSpec")
       .def(nb::init<std::string, std::vector<std::string>, int>(), "device"_a, "nics"_a,
@@ -1736,6 +1858,15 @@ NB_MODULE(_ferry, m) {
            "counter"_a.none())
       .def("submit_barrier", &E::submit_barrier, "imm"_a.none(), "dsts"_a.none(), "group"_a.none(),
            "route"_a.none(), "future"_a.none(), "on_done"_a.none(), "counter"_a.none())
+      .def("prepare_single_write", &E::prepare_single_write, "src"_a.none(), "src_offset"_a.none(),
+           "length"_a.none(), "dst"_a.none(), "dst_offset"_a.none(), "route"_a.none())
+      .def("prepare_paged_writes", &E::prepare_paged_writes, "page_len"_a.none(), "src"_a.none(),
+           "src_pages"_a.none(), "src_stride"_a.none(), "src_offset"_a.none(), "dst"_a.none(),
+           "dst_pages"_a.none(), "dst_stride"_a.none(), "dst_offset"_a.none())
+      .def("prepare_scatter", &E::prepare_scatter, "src"_a.none(), "dsts"_a.none(),
+           "group"_a.none(), "route"_a.none())
+      .def("submit", &E::submit, "prepared"_a.none(), "imm"_a.none(), "future"_a.none(),
+           "on_done"_a.none(), "counter"_a.none())
       .def("expect_imm_count", &E::expect_imm_count, "imm"_a.none(), "count"_a.none(),
            "callback"_a.none())
       .def("remove_imm_count", &E::remove_imm_count, "imm"_a.none())
