@@ -240,6 +240,9 @@ void Worker::run(std::promise<Status>* init) {
     if (s.active && !s.finished) finish(s, Status(Code::kCancelled, "engine stopped"));
   }
   groups_.clear();
+  // Unregistered regions still held elsewhere (a PreparedTransfer) close
+  // their NIC registrations here, on this thread, before the domains go.
+  for (auto& r : retired_) r->mrs.clear();
   retired_.clear();
   // Domains close on this thread, after their registrations (held by the
   // engine table) are released by the engine on stop.

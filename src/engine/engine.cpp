@@ -303,6 +303,13 @@ void TransferEngine::stop() {
   // domains they belong to (owned by the workers).
   {
     std::unique_lock rl(im.reg_mu);
+    // A PreparedTransfer may outlive the engine and hold a registration: its
+    // NIC registrations close now, while their domains exist, not whenever
+    // the last such handle goes.
+    for (auto& [id, reg] : im.regs) {
+      reg->retired.store(true, std::memory_order_release);
+      reg->mrs.clear();
+    }
     im.regs.clear();
   }
   im.send_pool.reg.reset();
