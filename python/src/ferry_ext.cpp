@@ -1335,42 +1335,14 @@ nb::tuple describe_buffer(nb::handle obj) {
           "register_memory(ptr, length, device) for raw memory");
 }
 
-// fi_getinfo with the hints the engine uses: (error or "", [(domain, fabric, provider, hmem)]).
+// What the engine would open for `prov` (ferry/info.h, the engine's own
+// listing): (note when nothing was found or "", [(domain, fabric, provider, hmem)]).
 nb::tuple probe_provider(const std::string& prov) {
+  ferry::ProviderListing l;
+  without_gil([&] { l = ferry::list_provider(prov); });
   std::vector<std::tuple<std::string, std::string, std::string, bool>> domains;
-  std::string error;
-  without_gil([&] {
-    fi_info* hints = fi_allocinfo();
-    if (hints == nullptr) {
-      error = "fi_allocinfo failed";
-    } else {
-      hints->ep_attr->type = FI_EP_RDM;
-      hints->caps = FI_RMA | FI_MSG;
-      hints->mode = FI_CONTEXT | FI_CONTEXT2;
-      hints->domain_attr->mr_mode =
-          FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_HMEM;
-      hints->fabric_attr->prov_name = strdup(prov.c_str());  // freed by fi_freeinfo
-      fi_info* list = nullptr;
-      int rc = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), nullptr, nullptr, 0,
-                          hints, &list);
-      fi_freeinfo(hints);
-      if (rc != 0) {
-        error = fi_strerror(-rc);
-      } else {
-        std::set<std::string> seen;
-        for (fi_info* i = list; i != nullptr; i = i->next) {
-          std::string name = i->domain_attr && i->domain_attr->name ? i->domain_attr->name : "?";
-          std::string fabric = i->fabric_attr && i->fabric_attr->name ? i->fabric_attr->name : "?";
-          std::string p =
-              i->fabric_attr && i->fabric_attr->prov_name ? i->fabric_attr->prov_name : prov;
-          if (!seen.insert(p + "/" + name).second) continue;
-          domains.emplace_back(name, fabric, p, (i->caps & FI_HMEM) != 0);
-        }
-        fi_freeinfo(list);
-      }
-    }
-  });
-  return nb::make_tuple(error, nb::cast(domains));
+  for (const auto& n : l.nics) domains.emplace_back(n.name, n.fabric, n.provider, n.hmem);
+  return nb::make_tuple(l.nics.empty() ? l.note : std::string(), nb::cast(domains));
 }
 
 nb::dict build_info() {
@@ -1511,7 +1483,8 @@ NB_MODULE(_ferry, m) {
         "(ptr, nbytes, device, readonly, c_contiguous) of an object exposing DLPack or the buffer "
         "protocol.");
   m.def("probe_provider", &probe_provider, "provider"_a,
-        "fi_getinfo for one provider: (error or '', [(domain, fabric, provider, hmem)]).");
+        "What the engine would open for one provider (ferry/info.h): (note or '', [(domain, "
+        "fabric, provider, hmem)]).");
   m.def("build_info", &build_info, "Version and build options of this extension.");
   m.def(
       "_thread_states",

@@ -516,6 +516,22 @@ def test_info_command():
     assert info["providers"][0]["domains"], info
 
 
+def test_info_lists_what_the_engine_opens():
+    import ferry.info as fi
+
+    info = fi.collect(("tcp;ofi_rxm", "shm", "no-such-provider"))
+    by = {p["provider"]: p for p in info["providers"]}
+    tcp = [d["name"] for d in by["tcp;ofi_rxm"]["domains"]]
+    assert "lo" in tcp
+    assert [d["name"] for d in by["shm"]["domains"]] == ["shm"]
+    assert not by["no-such-provider"]["domains"]
+    assert "fi_getinfo" in by["no-such-provider"]["error"]
+    # Every listed NIC opens as an engine NIC.
+    for name in tcp:
+        with ferry.TransferEngine("tcp;ofi_rxm", nics=[name]) as e:
+            assert e.main_address is not None
+
+
 def test_version_single_source():
     import pathlib
     import re
