@@ -230,7 +230,9 @@ class TransferEngine {
   uint32_t* imm_counter_gpu(uint32_t imm, uint32_t count);
 
   // Stops the workers and the callback thread; outstanding transfers complete
-  // with kCancelled. Idempotent; also run by the destructor.
+  // with kCancelled and counter waiters return kCancelled. Idempotent; also run
+  // by the destructor. From one of this engine's callbacks it throws
+  // kFailedPrecondition (it would have to join the thread it runs on).
   void stop();
 
   struct Impl;

@@ -45,6 +45,7 @@ class CallbackThread {
   // Drains what is queued, then joins.
   void stop();
   uint64_t callback_failures() const { return failures_.load(); }
+  std::thread::id thread_id() const { return thread_.get_id(); }
 
  private:
   void run();

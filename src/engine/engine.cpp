@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -62,6 +63,8 @@ struct TransferEngine::Impl {
   size_t num_recv_pools = 0;
 
   std::atomic<bool> stopped{false};
+  // The callback thread and the workers, fixed once the constructor returns.
+  std::vector<std::thread::id> own_threads;
   // API calls in progress: stop() waits for them before it stops the
   // workers, so no call can touch a worker that stop() is tearing down.
   std::atomic<int64_t> api_calls{0};
@@ -272,6 +275,8 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
     throw Error(err);
   }
   sp.reg = reg;
+  im.own_threads.push_back(im.callbacks->thread_id());
+  for (auto& w : im.workers) im.own_threads.push_back(w->thread_id());
   im.send_free.reserve(sp.count);
   for (uint32_t i = 0; i < sp.count; ++i) im.send_free.release(i);
 }
@@ -286,6 +291,14 @@ TransferEngine::~TransferEngine() {
 
 void TransferEngine::stop() {
   auto& im = *impl_;
+  // stop() joins these threads: from one of them it could only deadlock.
+  const auto self = std::this_thread::get_id();
+  const bool own =
+      std::find(im.own_threads.begin(), im.own_threads.end(), self) != im.own_threads.end();
+  if (own && !im.stopped.load())
+    throw Error(Code::kFailedPrecondition,
+                "stop() called from a callback or worker of the same engine; stop it from "
+                "another thread");
   std::lock_guard lk(im.stop_mu);
   if (im.stopped.exchange(true, std::memory_order_seq_cst)) return;
   // New calls now throw kFailedPrecondition; calls waiting for room or for a

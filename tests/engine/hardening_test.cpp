@@ -133,6 +133,24 @@ TEST(StopWakesWaiters, InfiniteCounterWaitReturnsCancelled) {
   EXPECT_EQ(c.wait(1, 1h).code(), Code::kCancelled);
 }
 
+TEST(StopFromACallback, IsRefusedAndTheEngineStopsLater) {
+  auto e = std::make_unique<TransferEngine>(test::config_for("fake"));
+  Region dst = region(*e, 4096);
+  std::atomic<int> code{-1};
+  e->submit_imm(1, dst.d, [&](const Status&) {
+    try {
+      e->stop();
+      code = 0;
+    } catch (const Error& err) {
+      code = int(err.code());
+    }
+  });
+  ASSERT_TRUE(test::wait_until([&] { return code.load() != -1; }, 10s));
+  EXPECT_EQ(code.load(), int(Code::kFailedPrecondition));
+  e->stop();
+  EXPECT_EQ(code_of([&] { e->imm_counter(1); }), Code::kFailedPrecondition);
+}
+
 TEST(StopWakesWaiters, RemovedCounterWaitReturnsCancelled) {
   TransferEngine e(test::config_for("fake"));
   ImmCounter c = e.imm_counter(7);
