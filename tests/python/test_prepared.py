@@ -100,7 +100,15 @@ def test_single_write_and_scatter_repeat(pair):
         if rnd:
             c6.wait(n_single, 20)
         assert c6.value == 0 and c7.value == 0
-        assert dst[8192:8192 + (1 << 19)].tobytes() == src[4096:4096 + (1 << 19)].tobytes()
+        want = src[4096:4096 + (1 << 19)].tobytes()
+        if not rnd:
+            # No immediate: nothing says when the bytes are visible at the
+            # target (a local completion is not remote visibility), so poll
+            # until they are, within a deadline.
+            deadline = time.monotonic() + 20
+            while dst[8192:8192 + (1 << 19)].tobytes() != want and time.monotonic() < deadline:
+                time.sleep(0.001)
+        assert dst[8192:8192 + (1 << 19)].tobytes() == want
         assert dst[700_000:701_000].tobytes() == src[0:1000].tobytes()
         assert dst[900_000:903_000].tobytes() == src[5000:8000].tobytes()
         assert not dst[:8192].any()
