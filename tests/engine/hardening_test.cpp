@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ferry/ferry.h"
+#include "support/checks.h"
 #include "support/engine_config.h"
 #include "support/process.h"
 
@@ -20,27 +21,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-Code code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return Code::kOk;
-}
-
-struct Region {
-  std::vector<uint8_t> buf;
-  MrHandle h;
-  MrDesc d;
-};
-
-Region region(TransferEngine& e, size_t len) {
-  Region r;
-  r.buf.assign(len, 0);
-  std::tie(r.h, r.d) = e.reg_mr(r.buf.data(), len);
-  return r;
-}
+using test::code_of;
+using test::region;
+using test::Region;
 
 // 8 threads submit every kind of request while another thread stops the
 // engine: every submit either throws kFailedPrecondition (never queued, its

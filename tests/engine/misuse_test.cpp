@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "ferry/ferry.h"
+#include "support/checks.h"
 #include "support/engine_config.h"
 #include "support/process.h"
 
@@ -14,16 +15,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-template <typename F>
-Code code_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_FALSE(e.status().message().empty());
-    return e.code();
-  }
-  return Code::kOk;
-}
+using test::code_of;
 
 class MisuseTest : public ::testing::TestWithParam<std::string> {
  protected:

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ferry/ferry.h"
+#include "support/checks.h"
 #include "support/engine_config.h"
 #include "support/process.h"
 
@@ -17,28 +18,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-Code code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return Code::kOk;
-}
-
-struct Region {
-  std::vector<uint8_t> buf;
-  MrHandle h;
-  MrDesc d;
-};
-
-Region region(TransferEngine& e, size_t len, uint8_t seed) {
-  Region r;
-  r.buf.resize(len);
-  for (size_t i = 0; i < len; ++i) r.buf[i] = uint8_t(seed + i * 7);
-  std::tie(r.h, r.d) = e.reg_mr(r.buf.data(), len);
-  return r;
-}
+using test::code_of;
+using test::region;
+using test::Region;
 
 class PreparedTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {
  protected:
