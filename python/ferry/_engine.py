@@ -285,6 +285,11 @@ class TransferEngine:
             interface's IP address, on InfiniBand index 0). Below -1 raises
             InvalidArgument; an index naming no populated entry fails start-up with
             InvalidArgument naming the NIC. Ignored, with a warning, by other providers.
+        max_requests_in_flight: requests per group admitted and not yet finished (queued
+            or on the NICs); bounds every queue of the engine.
+        queue_full: what a submit does when its group is full: "block" (default) waits
+            for room until the request's deadline (then DeadlineExceeded), "refuse" raises
+            ResourceExhausted at once. Either way the request is not queued.
 
     Use it as a context manager, or call stop(): ``with TransferEngine(...) as e: ...``.
     Callbacks (on_done, receive, immediates) run on the engine's callback thread with the
@@ -306,6 +311,8 @@ class TransferEngine:
         send_buffer_size: int = 64 << 10,
         send_buffer_count: int = 256,
         verbs_gid_index: int = -1,
+        max_requests_in_flight: int = 65536,
+        queue_full: str = "block",
     ) -> None:
         if provider is not None and not isinstance(provider, str):
             raise InvalidArgumentType(f"provider must be a str or None, got {type(provider).__name__}")
@@ -337,6 +344,11 @@ class TransferEngine:
         timeout = _seconds_arg(default_timeout, "default_timeout")
         send_buffer_size = _int_arg(send_buffer_size, "send_buffer_size", 0, 2**63 - 1, "[0, 2**63)")
         send_buffer_count = _int_arg(send_buffer_count, "send_buffer_count", 0, 2**63 - 1, "[0, 2**63)")
+        max_requests_in_flight = _int_arg(
+            max_requests_in_flight, "max_requests_in_flight", 1, 2**63 - 1, "[1, 2**63)"
+        )
+        if queue_full not in ("block", "refuse"):
+            raise InvalidArgument(f"queue_full must be 'block' or 'refuse', got {queue_full!r}")
         self._e = _ferry.Engine(
             provider or "",
             specs,
@@ -347,6 +359,8 @@ class TransferEngine:
             send_buffer_size,
             send_buffer_count,
             verbs_gid_index,
+            max_requests_in_flight,
+            queue_full,
         )
         with _live_lock:
             _live_engines.add(self)

@@ -112,6 +112,12 @@ class MrDesc:
         """'cpu' or 'cuda:N'."""
 
     @property
+    def writable(self) -> bool:
+        """
+        False for a region registered read-only: peers may not write into it (a write is refused on the sender with FailedPrecondition).
+        """
+
+    @property
     def addresses(self) -> list[NetAddr]:
         """The owner's NIC addresses, in NIC order."""
 
@@ -329,7 +335,7 @@ class PreparedTransfer:
 class Engine:
     """The C++ TransferEngine (use ferry.TransferEngine)."""
 
-    def __init__(self, provider: str, groups: Sequence[_GroupSpec], nics_per_group: int, busy: bool, callback_cpu: int, default_timeout: float, send_buffer_size: int, send_buffer_count: int, verbs_gid_index: int = -1) -> None: ...
+    def __init__(self, provider: str, groups: Sequence[_GroupSpec], nics_per_group: int, busy: bool, callback_cpu: int, default_timeout: float, send_buffer_size: int, send_buffer_count: int, verbs_gid_index: int = -1, max_requests_in_flight: int = 65536, queue_full: str = 'block') -> None: ...
 
     @property
     def main_address(self) -> NetAddr: ...

@@ -769,9 +769,18 @@ class PyEngine {
  public:
   PyEngine(std::string provider, std::vector<GroupSpec> groups, size_t nics_per_group, bool busy,
            int callback_cpu, double default_timeout, size_t send_buffer_size,
-           size_t send_buffer_count, int verbs_gid_index)
+           size_t send_buffer_count, int verbs_gid_index, size_t max_requests_in_flight,
+           std::string queue_full)
       : shared_(std::make_shared<Shared>()) {
     EngineConfig c;
+    if (max_requests_in_flight == 0) invalid("max_requests_in_flight must be positive");
+    c.max_requests_in_flight = max_requests_in_flight;
+    if (queue_full == "block")
+      c.queue_full = QueueFull::kBlock;
+    else if (queue_full == "refuse")
+      c.queue_full = QueueFull::kRefuse;
+    else
+      invalid("queue_full must be 'block' or 'refuse'");
     c.provider = std::move(provider);
     c.verbs_gid_index = verbs_gid_index;  // checked by the engine, as from C++
     c.groups.clear();
@@ -1572,6 +1581,9 @@ NB_MODULE(_ferry, m) {
       .def_ro("length", &MrDesc::len, "Size of the region in bytes.")
       .def_prop_ro(
           "device", [](const MrDesc& d) { return device_str(d.device); }, "'cpu' or 'cuda:N'.")
+      .def_ro("writable", &MrDesc::writable,
+              "False for a region registered read-only: peers may not write into it (a write "
+              "is refused on the sender with FailedPrecondition).")
       .def_prop_ro(
           "addresses",
           [](const MrDesc& d) {
@@ -1797,10 +1809,11 @@ NB_MODULE(_ferry, m) {
   const auto none = nb::none();
   nb::class_<E>(m, "Engine", "The C++ TransferEngine (use ferry.TransferEngine).")
       .def(nb::init<std::string, std::vector<GroupSpec>, size_t, bool, int, double, size_t, size_t,
-                    int>(),
+                    int, size_t, std::string>(),
            "provider"_a, "groups"_a, "nics_per_group"_a, "busy"_a, "callback_cpu"_a,
            "default_timeout"_a, "send_buffer_size"_a, "send_buffer_count"_a,
-           "verbs_gid_index"_a = -1)
+           "verbs_gid_index"_a = -1, "max_requests_in_flight"_a = 65536,
+           "queue_full"_a = "block")
       .def_prop_ro("main_address", &E::main_address)
       .def("addresses", &E::addresses, "group"_a.none() = 0)
       .def_prop_ro("num_groups", &E::num_groups)

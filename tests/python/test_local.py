@@ -563,3 +563,62 @@ def test_gpu_signalling_without_a_gpu_is_a_typed_error():
             e.alloc_uvm_watcher(lambda old, new: True)
         with pytest.raises(ferry.FerryError):
             e.imm_counter_gpu(5, 1)
+
+
+# ------------------------------------------------------------------ admission
+
+
+def test_admission_arguments_are_checked(kind):
+    with pytest.raises(ferry.InvalidArgument, match="queue_full"):
+        engine_for(kind, queue_full="drop")
+    with pytest.raises(ferry.InvalidArgument, match="max_requests_in_flight"):
+        engine_for(kind, max_requests_in_flight=0)
+    with pytest.raises(ferry.InvalidArgumentType, match="max_requests_in_flight"):
+        engine_for(kind, max_requests_in_flight=1.5)
+
+
+def test_refusing_engine_raises_resource_exhausted_when_full(kind):
+    # One request in flight at a time: a burst of immediates finds the group full long
+    # before the first completes (a round trip through the provider), and each refusal
+    # is immediate. Every accepted request still completes and is counted exactly once.
+    a = engine_for(kind, max_requests_in_flight=1, queue_full="refuse")
+    b = engine_for(kind)
+    try:
+        _, d = b.register(np.zeros(64, np.uint8))
+        arrivals = b.imm_counter(9)
+        counter = ferry.TransferCounter()
+        accepted = refused = 0
+        for _ in range(200):
+            try:
+                a.submit_imm(9, d, counter=counter)
+                accepted += 1
+            except ferry.ResourceExhausted as e:
+                assert "in flight" in str(e) or "full" in str(e), str(e)
+                refused += 1
+        assert refused > 0 and accepted > 0
+        counter.wait(accepted, timeout=20)
+        assert counter.done == accepted and counter.errors == 0
+        arrivals.wait(accepted, timeout=20)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_read_only_descriptor_says_so(pair):
+    # Memory the process cannot write (PROT_READ) is exported as read-only: the
+    # descriptor says so, survives serialisation, and peers' writes are refused.
+    import mmap
+
+    a, b = pair
+    m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ)
+    ro = np.frombuffer(m, np.uint8)
+    _, d = a.register(ro, writable=False)
+    _, w = a.register(np.zeros(64, np.uint8))
+    assert d.writable is False and w.writable is True
+    assert ferry.MrDesc.from_bytes(d.bytes()).writable is False
+    h, _ = b.register(np.ones(64, np.uint8))
+    with pytest.raises(ferry.FailedPrecondition):
+        b.submit_write(h, 0, 16, d, 0)
+    a.stop()
+    del ro
+    m.close()
