@@ -1812,8 +1812,7 @@ NB_MODULE(_ferry, m) {
                     int, size_t, std::string>(),
            "provider"_a, "groups"_a, "nics_per_group"_a, "busy"_a, "callback_cpu"_a,
            "default_timeout"_a, "send_buffer_size"_a, "send_buffer_count"_a,
-           "verbs_gid_index"_a = -1, "max_requests_in_flight"_a = 65536,
-           "queue_full"_a = "block")
+           "verbs_gid_index"_a = -1, "max_requests_in_flight"_a = 65536, "queue_full"_a = "block")
       .def_prop_ro("main_address", &E::main_address)
       .def("addresses", &E::addresses, "group"_a.none() = 0)
       .def_prop_ro("num_groups", &E::num_groups)
