@@ -1,4 +1,4 @@
-// The fault injector against a scripted fake inner Domain and a manual clock:
+// The fault injector against a scripted inner Domain and a manual clock:
 // every behaviour is deterministic for a given seed.
 #include "testing/fault_domain.h"
 
@@ -21,7 +21,10 @@ uint64_t ectx(uint32_t gen, uint32_t slot, uint64_t tag = 1) {
   return tag << 56 | uint64_t(gen) << 32 | slot;
 }
 
-class FakeDomain : public core::Domain {
+// Not a NIC but a script: the test decides which post is accepted or fails and
+// when each completion appears, which the fault injector's own behaviour is
+// then checked against. Engine tests use the one fake NIC (testing/fake_domain.h).
+class ScriptedNic : public core::Domain {
  public:
   const core::DomainInfo& info() const override { return info_; }
   std::span<const uint8_t> raw_address() const override { return {}; }
@@ -37,7 +40,7 @@ class FakeDomain : public core::Domain {
       if (accept == 0) break;
       if (fail_next) {
         fail_next = false;
-        r.error = Status(Code::kUnavailable, "fake post failure");
+        r.error = Status(Code::kUnavailable, "scripted post failure");
         break;
       }
       --accept;
@@ -83,7 +86,7 @@ class FakeDomain : public core::Domain {
     cq.push_back(c);
   }
 
-  core::DomainInfo info_{"fake", "fake", "fake"};
+  core::DomainInfo info_{"scripted", "scripted", "scripted"};
   std::vector<WriteDesc> writes;
   std::vector<uint64_t> sends, recvs;
   std::deque<Completion> cq;
@@ -93,29 +96,29 @@ class FakeDomain : public core::Domain {
 };
 
 struct Rig {
-  explicit Rig(const std::string& spec, size_t nic = 0) {
+  explicit Rig(const std::string& spec, size_t nic_index = 0) {
     FaultSpec s;
     Status st = parse_fault_spec(spec, &s);
     EXPECT_TRUE(st.is_ok()) << st.to_string();
-    auto f = std::make_unique<FakeDomain>();
-    fake = f.get();
-    dom = std::make_unique<FaultDomain>(std::move(f), s, nic, [this] { return now_ns; });
+    auto f = std::make_unique<ScriptedNic>();
+    nic = f.get();
+    dom = std::make_unique<FaultDomain>(std::move(f), s, nic_index, [this] { return now_ns; });
   }
-  // Polls until the wrapper has nothing due and the fake CQ is empty.
+  // Polls until the wrapper has nothing due and the scripted CQ is empty.
   std::vector<Completion> poll_all() {
     std::vector<Completion> got;
     Completion buf[32];
     for (int idle = 0; idle < 2;) {
       size_t n = dom->poll(buf);
       got.insert(got.end(), buf, buf + n);
-      idle = n == 0 && fake->cq.empty() ? idle + 1 : 0;
+      idle = n == 0 && nic->cq.empty() ? idle + 1 : 0;
     }
     return got;
   }
   void advance_us(uint64_t us) { now_ns += us * 1000; }
 
   uint64_t now_ns = 1'000'000'000;
-  FakeDomain* fake = nullptr;
+  ScriptedNic* nic = nullptr;
   std::unique_ptr<FaultDomain> dom;
 };
 
@@ -174,12 +177,12 @@ TEST(FaultSpecParse, RejectsNamingTheKey) {
 
 TEST(FaultSpecParse, WrapRefusesMalformedSpec) {
   Status err;
-  auto d = wrap_with_faults(std::make_unique<FakeDomain>(), "delay=5", 0, &err);
+  auto d = wrap_with_faults(std::make_unique<ScriptedNic>(), "delay=5", 0, &err);
   EXPECT_EQ(d, nullptr);
   EXPECT_EQ(err.code(), Code::kInvalidArgument);
   EXPECT_NE(err.message().find("'delay'"), std::string::npos);
   Status ok;
-  EXPECT_NE(wrap_with_faults(std::make_unique<FakeDomain>(), "seed=3", 0, &ok), nullptr);
+  EXPECT_NE(wrap_with_faults(std::make_unique<ScriptedNic>(), "seed=3", 0, &ok), nullptr);
   EXPECT_TRUE(ok.is_ok());
 }
 
@@ -190,14 +193,14 @@ TEST(FaultDomain, ZeroSpecForwardsEverythingInOrder) {
   WriteDesc ws[3] = {write(10, ectx(1, 0)), write(0, ectx(1, 1)), write(4096, ectx(1, 2), {})};
   auto p = r.dom->post_writes(ws);
   EXPECT_EQ(p.posted, 3u);
-  ASSERT_EQ(r.fake->writes.size(), 3u);
+  ASSERT_EQ(r.nic->writes.size(), 3u);
   for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(r.fake->writes[i].ctx, ws[i].ctx);
-    EXPECT_EQ(r.fake->writes[i].len, ws[i].len);
-    EXPECT_EQ(r.fake->writes[i].has_imm, ws[i].has_imm);
+    EXPECT_EQ(r.nic->writes[i].ctx, ws[i].ctx);
+    EXPECT_EQ(r.nic->writes[i].len, ws[i].len);
+    EXPECT_EQ(r.nic->writes[i].has_imm, ws[i].has_imm);
   }
-  r.fake->complete_all();
-  r.fake->remote_imm(77);
+  r.nic->complete_all();
+  r.nic->remote_imm(77);
   auto got = r.poll_all();
   ASSERT_EQ(got.size(), 4u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(got[i].ctx, ws[i].ctx);
@@ -209,7 +212,7 @@ TEST(FaultDomain, ZeroSpecForwardsEverythingInOrder) {
 
 TEST(FaultDomain, DelayHoldsCompletionsAndBlocksWaiting) {
   Rig r("seed=2,delay_us=100");
-  for (uint32_t i = 0; i < 50; ++i) r.fake->remote_imm(i);
+  for (uint32_t i = 0; i < 50; ++i) r.nic->remote_imm(i);
   auto first = r.poll_all();  // only the ones that drew a zero delay
   EXPECT_LT(first.size(), 10u);
   EXPECT_GT(r.dom->held(), 0u);
@@ -231,7 +234,7 @@ TEST(FaultDomain, ReorderShufflesButLosesAndInventsNothing) {
     Rig r("reorder=0.5,delay_us=20,seed=" + std::to_string(seed));
     std::vector<uint32_t> order;
     for (uint32_t i = 0; i < 1000; ++i) {
-      r.fake->remote_imm(i);
+      r.nic->remote_imm(i);
       if (i % 10 == 0) r.advance_us(3);
       for (auto& c : r.poll_all()) order.push_back(c.imm);
     }
@@ -255,12 +258,12 @@ TEST(FaultDomain, CoalesceMergesRunsButKeepsEveryCount) {
   // 100 immediates of 3 values in runs, 50 writes of 2 transfers, one failure.
   std::map<uint32_t, uint64_t> want_imm;
   for (uint32_t i = 0; i < 100; ++i) {
-    r.fake->remote_imm(i / 10 % 3);
+    r.nic->remote_imm(i / 10 % 3);
     want_imm[i / 10 % 3]++;
   }
-  for (uint32_t i = 0; i < 50; ++i) r.fake->writes.push_back(write(8, ectx(1, i < 30 ? 0 : 1)));
+  for (uint32_t i = 0; i < 50; ++i) r.nic->writes.push_back(write(8, ectx(1, i < 30 ? 0 : 1)));
   for (size_t i = 0; i < 50; ++i)
-    r.fake->complete(i, i == 40 ? Status(Code::kUnavailable, "x") : Status());
+    r.nic->complete(i, i == 40 ? Status(Code::kUnavailable, "x") : Status());
   std::map<uint32_t, uint64_t> got_imm;
   std::map<uint64_t, uint64_t> got_ok;
   size_t entries = 0, failed = 0;
@@ -307,13 +310,13 @@ TEST(FaultDomain, PagedSpecAsksForPageListsAndTheBaseSpellsThemOut) {
   p.imm = 3;
   p.has_imm = true;
   p.ctx = ectx(1, 5);
-  r.fake->accept = 70;  // back-pressure part-way: a prefix is posted, no error
+  r.nic->accept = 70;  // back-pressure part-way: a prefix is posted, no error
   PostResult res = r.dom->post_paged(p);
   EXPECT_EQ(res.posted, 70u);
   EXPECT_TRUE(res.error.is_ok());
-  ASSERT_EQ(r.fake->writes.size(), 70u);
+  ASSERT_EQ(r.nic->writes.size(), 70u);
   for (uint32_t k = 0; k < 70; ++k) {
-    const WriteDesc& w = r.fake->writes[k];
+    const WriteDesc& w = r.nic->writes[k];
     EXPECT_EQ(w.src, src + si[k] * 300u);
     EXPECT_EQ(w.remote_addr, 0x100000u + di[k] * 512u);
     EXPECT_EQ(w.len, 256u);
@@ -326,7 +329,7 @@ TEST(FaultDomain, PagedSpecAsksForPageListsAndTheBaseSpellsThemOut) {
 TEST(FaultDomain, NicIndexChangesTheStream) {
   auto run = [](size_t nic) {
     Rig r("reorder=1,seed=5", nic);
-    for (uint32_t i = 0; i < 64; ++i) r.fake->remote_imm(i);
+    for (uint32_t i = 0; i < 64; ++i) r.nic->remote_imm(i);
     EXPECT_TRUE(r.poll_all().empty());  // each held back by at least 1 us
     r.advance_us(1000);
     std::vector<uint32_t> order;
@@ -349,11 +352,11 @@ TEST(FaultDomain, EagainAcceptsFewerWithOkStatus) {
     total += p.posted;
   }
   EXPECT_GT(zero, 0u);
-  EXPECT_EQ(r.fake->writes.size(), total);
+  EXPECT_EQ(r.nic->writes.size(), total);
   EXPECT_EQ(r.dom->post_send(7, nullptr, 0, nullptr, ectx(1, 1, 2)).posted, 0u);
   EXPECT_EQ(r.dom->post_recv(nullptr, 0, nullptr, 3).posted, 0u);
-  EXPECT_TRUE(r.fake->sends.empty());
-  EXPECT_TRUE(r.fake->recvs.empty());
+  EXPECT_TRUE(r.nic->sends.empty());
+  EXPECT_TRUE(r.nic->recvs.empty());
   EXPECT_EQ(r.dom->stats().short_posts, 102u);
 }
 
@@ -362,11 +365,11 @@ TEST(FaultDomain, SplitPostsPiecesThenTheImmediateThenOneCompletion) {
   WriteDesc w = write(1000, ectx(3, 9), 1234);
   w.remote_addr = 0x5000;
   ASSERT_EQ(r.dom->post_writes(std::span(&w, 1)).posted, 1u);
-  const size_t pieces = r.fake->writes.size();
+  const size_t pieces = r.nic->writes.size();
   ASSERT_GE(pieces, 2u);
   ASSERT_LE(pieces, 4u);
   uint64_t off = 0;
-  for (auto& p : r.fake->writes) {
+  for (auto& p : r.nic->writes) {
     EXPECT_FALSE(p.has_imm);  // no piece may announce data that is not all there
     EXPECT_GT(p.len, 0u);
     EXPECT_EQ(p.remote_addr, 0x5000 + off);
@@ -376,19 +379,19 @@ TEST(FaultDomain, SplitPostsPiecesThenTheImmediateThenOneCompletion) {
   }
   EXPECT_EQ(off, 1000u);
   // All pieces but one complete: still no immediate, nothing handed up.
-  for (size_t i = 0; i + 1 < pieces; ++i) r.fake->complete(i);
+  for (size_t i = 0; i + 1 < pieces; ++i) r.nic->complete(i);
   EXPECT_TRUE(r.poll_all().empty());
-  EXPECT_EQ(r.fake->writes.size(), pieces);
-  r.fake->complete(pieces - 1);
+  EXPECT_EQ(r.nic->writes.size(), pieces);
+  r.nic->complete(pieces - 1);
   EXPECT_TRUE(r.poll_all().empty());
-  ASSERT_EQ(r.fake->writes.size(), pieces + 1);
-  const WriteDesc& imm = r.fake->writes.back();
+  ASSERT_EQ(r.nic->writes.size(), pieces + 1);
+  const WriteDesc& imm = r.nic->writes.back();
   EXPECT_EQ(imm.len, 0u);
   EXPECT_TRUE(imm.has_imm);
   EXPECT_EQ(imm.imm, 1234u);
   EXPECT_EQ(imm.remote_addr, 0x5000u);
   EXPECT_EQ(imm.rkey, 99u);
-  r.fake->complete(pieces);
+  r.nic->complete(pieces);
   auto got = r.poll_all();
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].kind, Completion::Kind::kWrite);
@@ -402,13 +405,13 @@ TEST(FaultDomain, SplitWithoutImmediateAndTinyWrites) {
   WriteDesc ws[3] = {write(64, ectx(1, 1), {}), write(1, ectx(1, 2)), write(0, ectx(1, 3))};
   ASSERT_EQ(r.dom->post_writes(ws).posted, 3u);
   // 1- and 0-byte writes are never split; they pass through unchanged.
-  size_t passthrough = std::count_if(r.fake->writes.begin(), r.fake->writes.end(), [&](auto& w) {
+  size_t passthrough = std::count_if(r.nic->writes.begin(), r.nic->writes.end(), [&](auto& w) {
     return w.ctx == ws[1].ctx || w.ctx == ws[2].ctx;
   });
   EXPECT_EQ(passthrough, 2u);
-  r.fake->complete_all();
+  r.nic->complete_all();
   auto got = r.poll_all();
-  EXPECT_EQ(r.fake->writes.size(), r.fake->completed);  // no trailing write without an imm
+  EXPECT_EQ(r.nic->writes.size(), r.nic->completed);  // no trailing write without an imm
   std::map<uint64_t, int> seen;
   for (auto& c : got) seen[c.ctx]++;
   EXPECT_EQ(seen, (std::map<uint64_t, int>{{ws[0].ctx, 1}, {ws[1].ctx, 1}, {ws[2].ctx, 1}}));
@@ -418,39 +421,39 @@ TEST(FaultDomain, SplitPieceErrorFailsTheWriteWithoutImmediate) {
   Rig r("seed=6,split=1");
   WriteDesc w = write(300, ectx(2, 4));
   ASSERT_EQ(r.dom->post_writes(std::span(&w, 1)).posted, 1u);
-  size_t pieces = r.fake->writes.size();
-  r.fake->complete(0, Status(Code::kUnavailable, "wire cut"));
-  for (size_t i = 1; i < pieces; ++i) r.fake->complete(i);
+  size_t pieces = r.nic->writes.size();
+  r.nic->complete(0, Status(Code::kUnavailable, "wire cut"));
+  for (size_t i = 1; i < pieces; ++i) r.nic->complete(i);
   auto got = r.poll_all();
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].ctx, w.ctx);
   EXPECT_EQ(got[0].status.message(), "wire cut");
-  EXPECT_EQ(r.fake->writes.size(), pieces);  // the immediate was never sent
+  EXPECT_EQ(r.nic->writes.size(), pieces);  // the immediate was never sent
 }
 
 TEST(FaultDomain, SplitSurvivesInnerBackPressureAndPoolsBookkeeping) {
   Rig r("seed=7,split=1");
-  r.fake->accept = 1;  // the NIC takes one write, then is full
+  r.nic->accept = 1;  // the NIC takes one write, then is full
   std::vector<WriteDesc> ws;
   for (uint32_t i = 0; i < 20; ++i) ws.push_back(write(100 + i, ectx(1, i)));
   ASSERT_EQ(r.dom->post_writes(ws).posted, 20u);  // queued in the wrapper
-  EXPECT_EQ(r.fake->writes.size(), 1u);
+  EXPECT_EQ(r.nic->writes.size(), 1u);
   EXPECT_EQ(r.dom->wait_fd(), -1);  // pieces are waiting: keep polling
   std::map<uint64_t, int> seen;
   for (int k = 0; k < 1000 && seen.size() < 20; ++k) {
-    r.fake->accept = 3;
-    r.fake->complete_all();
+    r.nic->accept = 3;
+    r.nic->complete_all();
     for (auto& c : r.poll_all()) seen[c.ctx]++;
   }
   ASSERT_EQ(seen.size(), 20u);
   for (auto& [ctx, n] : seen) EXPECT_EQ(n, 1) << ctx;
-  size_t imms = std::count_if(r.fake->writes.begin(), r.fake->writes.end(),
-                              [](auto& w) { return w.has_imm; });
+  size_t imms =
+      std::count_if(r.nic->writes.begin(), r.nic->writes.end(), [](auto& w) { return w.has_imm; });
   EXPECT_EQ(imms, 20u);
   // Every immediate follows all of its pieces.
   std::map<uint64_t, size_t> last_piece;
-  for (size_t i = 0; i < r.fake->writes.size(); ++i) {
-    auto& w = r.fake->writes[i];
+  for (size_t i = 0; i < r.nic->writes.size(); ++i) {
+    auto& w = r.nic->writes[i];
     if (!w.has_imm)
       last_piece[w.ctx] = i;
     else
@@ -458,12 +461,12 @@ TEST(FaultDomain, SplitSurvivesInnerBackPressureAndPoolsBookkeeping) {
   }
   // A second wave reuses the pooled records: same contexts come back.
   std::set<uint64_t> first_ctxs;
-  for (auto& w : r.fake->writes) first_ctxs.insert(w.ctx & 0xFFFFFFFF);
-  r.fake->writes.clear();
-  r.fake->completed = 0;
-  r.fake->accept = SIZE_MAX;
+  for (auto& w : r.nic->writes) first_ctxs.insert(w.ctx & 0xFFFFFFFF);
+  r.nic->writes.clear();
+  r.nic->completed = 0;
+  r.nic->accept = SIZE_MAX;
   ASSERT_EQ(r.dom->post_writes(ws).posted, 20u);
-  for (auto& w : r.fake->writes) EXPECT_TRUE(first_ctxs.count(w.ctx & 0xFFFFFFFF));
+  for (auto& w : r.nic->writes) EXPECT_TRUE(first_ctxs.count(w.ctx & 0xFFFFFFFF));
 }
 
 TEST(FaultDomain, FailTurnsCompletionsAndPostsIntoErrors) {
@@ -474,19 +477,19 @@ TEST(FaultDomain, FailTurnsCompletionsAndPostsIntoErrors) {
   EXPECT_EQ(p.error.code(), Code::kUnavailable);
   EXPECT_NE(p.error.message().find("injected fault"), std::string::npos);
   EXPECT_LT(p.posted, ws.size());
-  EXPECT_EQ(r.fake->writes.size(), p.posted);
+  EXPECT_EQ(r.nic->writes.size(), p.posted);
   EXPECT_EQ(r.dom->post_send(7, nullptr, 0, nullptr, ectx(1, 1, 2)).error.code(),
             Code::kUnavailable);
-  EXPECT_TRUE(r.fake->sends.empty());
+  EXPECT_TRUE(r.nic->sends.empty());
   // Completions of local work fail; remote immediates and receives never do.
   Rig q("seed=8,fail=1");
-  q.fake->writes.push_back(write(8, ectx(1, 1)));
-  q.fake->complete(0);
-  q.fake->remote_imm(3);
+  q.nic->writes.push_back(write(8, ectx(1, 1)));
+  q.nic->complete(0);
+  q.nic->remote_imm(3);
   Completion rc;
   rc.kind = Completion::Kind::kRecv;
   rc.ctx = 3ull << 56;
-  q.fake->cq.push_back(rc);
+  q.nic->cq.push_back(rc);
   auto got = q.poll_all();
   ASSERT_EQ(got.size(), 3u);
   EXPECT_EQ(got[0].status.code(), Code::kUnavailable);
@@ -499,7 +502,7 @@ TEST(FaultDomain, StaleDuplicateOnlyAfterTheSlotWasReused) {
   Rig r("seed=9,stale=1,stale_us=500");
   WriteDesc w = write(8, ectx(4, 2));
   r.dom->post_writes(std::span(&w, 1));
-  r.fake->complete(0);
+  r.nic->complete(0);
   auto got = r.poll_all();
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].ctx, w.ctx);
@@ -519,7 +522,7 @@ TEST(FaultDomain, StaleDuplicateOnlyAfterTheSlotWasReused) {
   EXPECT_EQ(got[0].ctx, w.ctx);  // the stale copy, old generation
   EXPECT_EQ(r.dom->stats().stale_delivered, 1u);
   // Too young: a duplicate waits for stale_us even when the slot moved on.
-  r.fake->complete(1);
+  r.nic->complete(1);
   got = r.poll_all();
   ASSERT_EQ(got.size(), 1u);
   WriteDesc again = write(8, ectx(2, 3));
@@ -539,9 +542,9 @@ TEST(FaultDomain, AllAtOnceKeepsEveryImmediateExactlyOnce) {
   // The NIC completes what was posted; what it put on the wire lands at the
   // peer as immediates.
   auto wire = [&] {
-    for (size_t i = r.fake->completed; i < r.fake->writes.size(); ++i)
-      if (r.fake->writes[i].has_imm) imms_sent[r.fake->writes[i].imm]++;
-    r.fake->complete_all();
+    for (size_t i = r.nic->completed; i < r.nic->writes.size(); ++i)
+      if (r.nic->writes[i].has_imm) imms_sent[r.nic->writes[i].imm]++;
+    r.nic->complete_all();
   };
   for (int round = 0; round < 200; ++round) {
     std::vector<WriteDesc> ws;
