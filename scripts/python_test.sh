@@ -25,7 +25,7 @@ then
 fi
 
 "$PYTHON" -m pip install -q --disable-pip-version-check \
-  "nanobind>=2.4" "scikit-build-core>=0.10" "numpy>=1.22" "pytest>=7"
+  "nanobind>=2.4" "scikit-build-core>=0.10" "numpy>=1.22" "pytest>=7" "ml_dtypes>=0.3"
 # The build tree is kept in build/py-<wheel tag> (pyproject.toml names none, so a plain
 # `pip install .` leaves the checkout alone): later runs rebuild only what changed.
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-build-isolation \

@@ -1,0 +1,18 @@
+"""RL weight transfer: trainer ranks write new weights straight into the live weight
+memory of inference ranks with one-sided writes, on a static schedule (docs/RL.md).
+
+    from ferry import rl
+    sender = rl.WeightSender(engine, exchange, rank, blocks, ...)   # trainer rank
+    receiver = rl.WeightReceiver(engine, exchange, rank, tensors, recipes)  # inference
+
+Submodules: ``meta`` (what both sides publish), ``model`` (per-model mappings),
+``quant`` (fp8 e4m3 128x128 block quantisation), ``schedule`` (the static schedule),
+``exchange`` (rendezvous: torch.distributed or plain callables), ``pipeline`` (the
+per-step pipeline), ``plan`` (``python -m ferry.rl.plan``: the cluster-scale planner).
+"""
+
+from __future__ import annotations
+
+from . import meta, model, quant, schedule  # noqa: F401
+
+__all__ = ["meta", "model", "quant", "schedule"]

@@ -1,0 +1,312 @@
+"""The static transfer schedule: computed once by the controller from both sides'
+metadata, broadcast, then replayed every step.
+
+* A recipe (one inference tensor) is cut where its parts cross from one trainer
+  sub-mesh to another; each piece is a *job*: the rows it needs from trainer blocks,
+  the bytes it produces (weights, then fp8 scales) and every inference rank that takes
+  exactly those bytes at exactly that place (replicas of a TP slice, of an EP slice,
+  of a whole instance), so it is materialised and quantised once and written N times.
+* The owner of a job is one rank of its sub-mesh, chosen longest-job-first onto the
+  rank whose NICs carry the fewest bytes so far: bytes balanced across trainer NICs.
+* Every rank of a sub-mesh walks the sub-mesh's jobs in one order (the owners' lists
+  interleaved, so all NICs start at once); MeshGroups one after another.
+* Each owner's temporary memory is a ring of `watermark` bytes; a job's place in it is
+  fixed here, and so is the earlier job it must wait for, so the writes are prepared
+  once (source offsets never change) and the watermark holds by construction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from .meta import InferenceMeta, Part, Recipe, TrainerBlock, TrainerMeta, rows_cols
+from .model import GROUP_ORDER
+from .quant import ITEMSIZE, scale_shape
+
+ALIGN = 256
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class Write:
+    """One one-sided write: `length` bytes from the job's output at `src` to byte
+    `dst_offset` of tensor `tensor` on inference rank `rank`."""
+
+    rank: int
+    tensor: str
+    dst_offset: int
+    src: int
+    length: int
+
+
+@dataclass
+class Job:
+    id: int
+    group: str
+    mesh: tuple[int, ...]
+    recipe: str  # destination tensor name
+    dtype: str  # output dtype
+    parts: tuple[tuple[Part, TrainerBlock], ...]
+    src_bytes: int  # trainer dtype bytes materialised
+    weight_bytes: int
+    scale_bytes: int
+    writes: list[Write] = field(default_factory=list)
+    owner: int = -1
+    pool_offset: int = -1
+    wait_for: tuple[int, ...] = ()  # jobs (same owner) whose memory this one reuses
+
+    @property
+    def out_bytes(self) -> int:
+        return _align(self.weight_bytes) + self.scale_bytes
+
+    @property
+    def footprint(self) -> int:
+        return _align(self.src_bytes) + _align(self.out_bytes)
+
+    @property
+    def sent_bytes(self) -> int:
+        return sum(w.length for w in self.writes)
+
+
+@dataclass
+class Schedule:
+    jobs: list[Job]
+    order: dict[tuple[str, tuple[int, ...]], list[int]]  # (group, mesh) -> job ids
+    groups: list[str]
+    watermark: int
+    trainers: int
+    inference: int
+    imm_expected: dict[int, int]  # inference rank -> immediates one step brings
+    trainer_nics: dict[int, int]
+
+    def rank_sequence(self, rank: int) -> list[tuple[str, list[int]]]:
+        """(group, job ids of the sub-mesh of `rank` in that group) in MeshGroup order."""
+        out = []
+        for g in self.groups:
+            ids: list[int] = []
+            for (gg, mesh), seq in self.order.items():
+                if gg == g and rank in mesh:
+                    ids = seq
+            out.append((g, ids))
+        return out
+
+    def owned(self, rank: int) -> list[Job]:
+        return [j for j in self.jobs if j.owner == rank]
+
+    def sent_bytes(self, rank: int, group: Optional[str] = None) -> int:
+        return sum(j.sent_bytes for j in self.jobs if j.owner == rank and (group is None or j.group == group))
+
+    def received_bytes(self, inf_rank: int) -> int:
+        return sum(w.length for j in self.jobs for w in j.writes if w.rank == inf_rank)
+
+    def writes_of(self, rank: int) -> int:
+        return sum(len(j.writes) for j in self.jobs if j.owner == rank)
+
+    def digest(self) -> str:
+        return hashlib.sha256(pickle.dumps(
+            [(j.id, j.owner, j.pool_offset, j.wait_for, j.recipe, [(w.rank, w.dst_offset, w.src, w.length) for w in j.writes])
+             for j in self.jobs] + sorted(self.order.items()))).hexdigest()
+
+
+def _block_index(trainers: Iterable[TrainerMeta]) -> dict[str, list[TrainerBlock]]:
+    seen: dict[tuple[str, int], TrainerBlock] = {}
+    for t in trainers:
+        for b in t.blocks:
+            k = (b.name, b.row0)
+            if k in seen and seen[k] != b:
+                raise ValueError(f"trainer ranks disagree on block {k}: {seen[k]} vs {b}")
+            seen[k] = b
+    idx: dict[str, list[TrainerBlock]] = defaultdict(list)
+    for (name, _), b in sorted(seen.items()):
+        idx[name].append(b)
+    return idx
+
+
+def _split(part: Part, blocks: list[TrainerBlock]) -> list[tuple[Part, TrainerBlock]]:
+    out, r = [], part.r0
+    for b in blocks:
+        a, e = b.row0, b.row0 + b.rows
+        if e <= r or a >= part.r1:
+            continue
+        if a > r:
+            break
+        hi = min(e, part.r1)
+        out.append((Part(part.param, r, hi, part.c0, part.c1), b))
+        r = hi
+        if r == part.r1:
+            return out
+    raise ValueError(f"no trainer block holds rows [{r}, {part.r1}) of {part.param}")
+
+
+def _pieces(rec: Recipe, idx: dict[str, list[TrainerBlock]]):
+    """Cut a recipe into runs of parts held by one sub-mesh: (parts, weight row0, scale row0)."""
+    parts: list[tuple[Part, TrainerBlock]] = []
+    for p in rec.parts:
+        if p.param not in idx:
+            raise ValueError(f"recipe {rec.name}: no trainer parameter {p.param}")
+        sp = _split(p, idx[p.param])
+        if rec.quantised and len(sp) > 1 and any((q.r0 - p.r0) % 128 for q, _ in sp):
+            raise ValueError(f"recipe {rec.name}: a trainer block boundary cuts a 128-row scale block of {p.param}")
+        parts.extend(sp)
+    runs, row, srow = [], 0, 0
+    cur: list[tuple[Part, TrainerBlock]] = []
+    start = (0, 0)
+    for p, b in parts:
+        if cur and (cur[-1][1].group, cur[-1][1].mesh) != (b.group, b.mesh):
+            runs.append((cur, start))
+            cur, start = [], (row, srow)
+        cur.append((p, b))
+        row += p.rows
+        if rec.quantised:
+            srow += scale_shape(p.rows, p.cols)[0]
+    runs.append((cur, start))
+    return runs
+
+
+def build(trainers: list[TrainerMeta], inference: list[InferenceMeta], watermark: int,
+          route_imm=None) -> Schedule:
+    """The schedule for these ranks. `route_imm(length, nics)` counts the immediates a
+    write brings its target (ferry.ImmPlan with the route used); default 1."""
+    trainers = sorted(trainers, key=lambda t: t.rank)
+    inference = sorted(inference, key=lambda m: m.rank)
+    idx = _block_index(trainers)
+    nics = {t.rank: max(1, t.nics) for t in trainers}
+    byjob: dict[tuple, Job] = {}
+    for inf in inference:
+        for rec in inf.recipes:
+            cols = rows_cols(rec.shape)[1]
+            isz = ITEMSIZE[rec.dtype]
+            scols = scale_shape(1, cols)[1]
+            for parts, (row0, srow0) in _pieces(rec, idx):
+                rows = sum(p.rows for p, _ in parts)
+                srows = sum(scale_shape(p.rows, p.cols)[0] for p, _ in parts) if rec.quantised else 0
+                key = (rec.name, rec.dtype, row0, tuple(p for p, _ in parts))
+                j = byjob.get(key)
+                if j is None:
+                    b0 = parts[0][1]
+                    j = Job(len(byjob), b0.group, b0.mesh, rec.name, rec.dtype, tuple(parts),
+                            sum(p.rows * p.cols * ITEMSIZE[b.dtype] for p, b in parts),
+                            rows * cols * isz, srows * scols * 4)
+                    byjob[key] = j
+                j.writes.append(Write(inf.rank, rec.name, row0 * cols * isz, 0, j.weight_bytes))
+                if rec.quantised:
+                    j.writes.append(Write(inf.rank, rec.scale, srow0 * scols * 4, _align(j.weight_bytes), j.scale_bytes))
+    jobs = _split_wide(list(byjob.values()))
+    groups = [g for g in GROUP_ORDER if any(j.group == g for j in jobs)]
+    groups += sorted({j.group for j in jobs} - set(groups))
+    # Owners: longest job first onto the least loaded rank (bytes per NIC) of the mesh.
+    bymesh: dict[tuple[str, tuple[int, ...]], list[Job]] = defaultdict(list)
+    for j in jobs:
+        bymesh[(j.group, j.mesh)].append(j)
+    order: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+    for key in sorted(bymesh):
+        mj = bymesh[key]
+        load = {r: 0 for r in key[1]}
+        for j in sorted(mj, key=lambda j: (-j.sent_bytes, j.id)):
+            j.owner = min(key[1], key=lambda r: (load[r] / nics[r], r))
+            load[j.owner] += j.sent_bytes
+            # spread the inference NICs: each job starts at another target
+            j.writes.sort(key=lambda w: ((w.rank - j.id) % max(1, len(inference)), w.tensor))
+        per_owner = {r: sorted((j for j in mj if j.owner == r), key=lambda j: j.id) for r in key[1]}
+        seq, i = [], 0
+        while len(seq) < len(mj):
+            for r in key[1]:
+                if i < len(per_owner[r]):
+                    seq.append(per_owner[r][i].id)
+            i += 1
+        order[key] = seq
+    # Ring placement per owner, in the order the owner meets its jobs.
+    for r in nics:
+        head, live = 0, []  # live: (offset, end, job id) in allocation order
+        for g in groups:
+            for (gg, mesh), seq in sorted(order.items()):
+                if gg != g or r not in mesh:
+                    continue
+                for jid in seq:
+                    j = jobs[jid]
+                    if j.owner != r:
+                        continue
+                    need = j.footprint
+                    if need > watermark:
+                        raise ValueError(f"job {j.recipe} needs {need} bytes of temporary memory, "
+                                         f"more than the watermark {watermark}")
+                    if head + need > watermark:
+                        head = 0
+                    end = head + need
+                    j.wait_for = tuple(o for off, e, o in live if off < end and head < e)
+                    live = [x for x in live if not (x[0] < end and head < x[1])] + [(head, end, jid)]
+                    j.pool_offset = head
+                    head = end
+    imm: dict[int, int] = defaultdict(int)
+    for j in jobs:
+        for w in j.writes:
+            imm[w.rank] += route_imm(w.length, nics[j.owner]) if route_imm else 1
+    return Schedule(jobs, order, groups, watermark, len(trainers), len(inference),
+                    {m.rank: imm.get(m.rank, 0) for m in inference}, nics)
+
+
+def _split_wide(jobs: list[Job]) -> list[Job]:
+    """A job whose writes alone exceed a fair share of its mesh's bytes (an embedding
+    replicated 16 times) is split by destination among several owners: each owner
+    materialises it again, which costs trainer-side gather bytes but keeps NICs even."""
+    total: dict[tuple, int] = defaultdict(int)
+    for j in jobs:
+        total[(j.group, j.mesh)] += j.sent_bytes
+    out: list[Job] = []
+    for j in jobs:
+        share = total[(j.group, j.mesh)] / len(j.mesh)
+        ranks = sorted({w.rank for w in j.writes})
+        k = min(len(ranks), len(j.mesh), int(-(-j.sent_bytes // max(1, int(share)))))
+        if k <= 1:
+            j.id = len(out)
+            out.append(j)
+            continue
+        for c in range(k):
+            mine = set(ranks[c::k])
+            n = Job(len(out), j.group, j.mesh, j.recipe, j.dtype, j.parts, j.src_bytes,
+                    j.weight_bytes, j.scale_bytes, [w for w in j.writes if w.rank in mine])
+            out.append(n)
+    return out
+
+
+def check(s: Schedule, inference: list[InferenceMeta]) -> None:
+    """Raises AssertionError unless every destination byte is written exactly once,
+    every write stays inside its tensor, and owners belong to their job's sub-mesh."""
+    sizes = {}
+    for m in inference:
+        for r in m.recipes:
+            sizes[(m.rank, r.name)] = r.nbytes if hasattr(r, "nbytes") else _recipe_bytes(r)
+            if r.quantised:
+                sizes[(m.rank, r.scale)] = _prod(r.scale_shape) * 4
+    spans: dict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
+    for j in s.jobs:
+        assert j.owner in j.mesh, f"job {j.id} owner {j.owner} outside its mesh {j.mesh}"
+        assert 0 <= j.pool_offset and j.pool_offset + j.footprint <= s.watermark
+        for w in j.writes:
+            spans[(w.rank, w.tensor)].append((w.dst_offset, w.dst_offset + w.length))
+    assert set(spans) == set(sizes), f"tensors without writes: {sorted(set(sizes) - set(spans))[:5]}"
+    for k, lst in spans.items():
+        lst.sort()
+        pos = 0
+        for a, b in lst:
+            assert a == pos, f"{k}: gap or overlap at byte {pos} (next write starts at {a})"
+            pos = b
+        assert pos == sizes[k], f"{k}: writes end at {pos}, tensor has {sizes[k]} bytes"
+
+
+def _prod(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _recipe_bytes(r: Recipe) -> int:
+    return _prod(r.shape) * ITEMSIZE[r.dtype]
