@@ -63,12 +63,22 @@ class Job:
     wait_for: tuple[int, ...] = ()  # jobs (same owner) whose memory this one reuses
 
     @property
+    def passthrough(self) -> bool:
+        """Not quantised and in the trainer's dtype: the gathered rows are the output."""
+        return self.scale_bytes == 0 and all(b.dtype == self.dtype for _, b in self.parts)
+
+    @property
+    def out_offset(self) -> int:
+        """Where the output starts, from the job's place in the ring."""
+        return 0 if self.passthrough else _align(self.src_bytes)
+
+    @property
     def out_bytes(self) -> int:
         return _align(self.weight_bytes) + self.scale_bytes
 
     @property
     def footprint(self) -> int:
-        return _align(self.src_bytes) + _align(self.out_bytes)
+        return _align(self.src_bytes) if self.passthrough else _align(self.src_bytes) + _align(self.out_bytes)
 
     @property
     def sent_bytes(self) -> int:

@@ -1,0 +1,315 @@
+"""python -m ferry.rl.gpu_bench: the weight transfer on one GPU machine, for real.
+
+2 trainer processes (a Qwen3-style MoE of ~1.5 B parameters, every tensor Shard(0)
+over the two trainers as FSDP2 lays it out, the shards in pinned host memory as
+FSDP2's CPU offload keeps them) and 2 inference processes (TP2 / EP2, fp8 e4m3 with
+128x128 block scales) on the same GPU, connected by torch.distributed (gloo) for the
+control traffic and by ferry's nvlink provider (CUDA IPC) for the weights.
+
+Measured in one run: the step time and its stages (Chrome trace), every inference
+tensor compared byte for byte with a direct conversion of the step's full weights,
+the peak temporary memory against the watermark, the device-to-device copy ceiling
+of the same destination bytes, a rank-0 gather + broadcast of the same weights over
+torch.distributed, and the quantisation rate. Writes JSON and the trace to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+import zlib
+
+from . import model as M
+
+GPU_MODEL = M.ModelConfig("qwen3-style-1.5b-moe", "qwen3_moe", layers=16, hidden=2048, vocab=32768, heads=16,
+                          kv_heads=4, head_dim=128, experts=16, top_k=4, moe_inter=768, inter=6144,
+                          first_dense=1)
+TL = M.TrainerLayout(pp=1, ep=1, fsdp=2, offloaded=True)
+IL = M.InferenceLayout(instances=1, ep=2, tp=2)
+
+
+def gen(torch, name, shape, dtype, step, device):
+    g = torch.Generator(device=device)
+    g.manual_seed(step * 1_000_003 + zlib.crc32(name.encode()))
+    x = torch.randn(shape, generator=g, device=device, dtype=torch.float32) * 0.05
+    return x.to(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+
+
+def reference(torch, recipes, step, device):
+    """name -> expected tensor, converted straight from the full weights."""
+    from .meta import rows_cols
+    from .quant import quantize_torch
+
+    params = M.logical_params(GPU_MODEL)
+    cache = {}
+
+    def full(n):
+        if n not in cache:
+            shape, dt, _, _ = params[n]
+            cache[n] = gen(torch, n, shape, dt, step, device).reshape(rows_cols(shape))
+        return cache[n]
+
+    for r in recipes:
+        pieces = [full(p.param)[p.r0:p.r1, p.c0:p.c1] for p in r.parts]
+        if r.quantised:
+            qs = [quantize_torch(x) for x in pieces]
+            yield r.name, torch.cat([q for q, _ in qs]).reshape(r.shape)
+            yield r.scale, torch.cat([s for _, s in qs]).reshape(r.scale_shape)
+        else:
+            yield r.name, torch.cat(pieces).reshape(r.shape)
+        if len(cache) > 8:
+            cache.clear()
+
+
+def worker(rank: int, port: int, args, out_dir: str) -> None:
+    result = {"rank": rank}
+    try:
+        import torch
+        import torch.distributed as dist
+
+        import ferry
+
+        from .exchange import TorchExchange
+        from .meta import rows_cols
+        from .pipeline import TorchBackend, WeightReceiver, WeightSender, chrome_trace
+
+        dev = torch.device("cuda:0")
+        torch.cuda.set_device(dev)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4,
+                                timeout=datetime.timedelta(seconds=120))
+        T = TL.world
+        ex = TorchExchange(None, barrier_sets=[list(range(T)), list(range(4))])
+        bcast = dist.new_group([0, 2, 3], backend="gloo")
+        eng = ferry.TransferEngine("nvlink", groups=[ferry.Group("cuda:0")], default_timeout=120)
+        be = TorchBackend("cuda:0")
+        steps = args.steps
+        if rank < T:
+            blocks = [b for b in M.trainer_blocks(GPU_MODEL, TL) if rank in b.mesh]
+            snd = WeightSender(eng, ex, rank=rank, blocks=blocks, trainer_ranks=range(T),
+                               inference_ranks=range(T, 4), watermark=args.watermark_mb << 20, backend=be)
+            t0 = time.perf_counter()
+            sched = snd.setup(120)
+            result["setup_s"] = time.perf_counter() - t0
+            result["jobs_owned"] = len(sched.owned(rank))
+            result["writes_owned"] = sched.writes_of(rank)
+            stats = []
+            for step in range(steps):
+                shards = {}
+                for b in blocks:
+                    a, e = b.shard_rows(rank)
+                    w = gen(torch, b.name, b.shape, b.dtype, step, dev).reshape(rows_cols(b.shape))
+                    shards[(b.name, b.row0)] = w[a:e].cpu().pin_memory()
+                    del w
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                ex.barrier(range(4), 120)  # inference ranks are waiting for this step
+                st = snd.step(step, shards, 120)
+                st_extra = torch.cuda.max_memory_allocated() - base
+                stats.append(st)
+                result.setdefault("steps", []).append(dict(wall_s=st.wall_s, stages=st.stages,
+                                                           peak_ring_bytes=st.peak_temp_bytes,
+                                                           peak_cuda_above_base_bytes=st_extra,
+                                                           bytes_written=st.bytes_written, writes=st.writes,
+                                                           jobs=st.jobs))
+                del shards
+            chrome_trace(stats[-1:], os.path.join(out_dir, f"rl-trace-rank{rank}.json"))
+            result["watermark_bytes"] = args.watermark_mb << 20
+            result["sent_bytes"] = sched.sent_bytes(rank)
+            ex.barrier(range(4), 300)
+            # Copy ceiling: device-to-device copies of every destination's bytes (rank 0 only).
+            if rank == 0:
+                sizes = [w.length for j in sched.jobs for w in j.writes]
+                total = sum(sizes)
+                big = max(sizes)
+                src = torch.empty(big, dtype=torch.uint8, device=dev)
+                dst = torch.empty(big, dtype=torch.uint8, device=dev)
+                for rep in range(2):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for n in sizes:
+                        dst[:n].copy_(src[:n])
+                    torch.cuda.synchronize()
+                    t_copy = time.perf_counter() - t0
+                result["copy_ceiling"] = dict(bytes=total, copies=len(sizes), s=t_copy, GBps=total / t_copy / 1e9)
+                del src, dst
+                # quantisation rate of quantize_torch on this GPU
+                from .quant import quantize_torch
+                w = torch.randn(4096, 7168, device=dev).to(torch.bfloat16)
+                quantize_torch(w)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(10):
+                    quantize_torch(w)
+                torch.cuda.synchronize()
+                result["quant_GBps"] = w.numel() * 2 * 10 / (time.perf_counter() - t0) / 1e9
+            ex.barrier(range(4), 300)
+            # Baseline: rank-0 gather + broadcast of the same weights (torch.distributed, gloo).
+            shards = {}
+            for b in blocks:  # a fresh step of weights, in pinned host memory as before
+                a, e = b.shard_rows(rank)
+                w = gen(torch, b.name, b.shape, b.dtype, steps, dev).reshape(rows_cols(b.shape))
+                shards[b.name] = w[a:e].cpu().pin_memory()
+            torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+            for b in blocks:
+                mine = shards[b.name]
+                if rank == 0:
+                    parts = [mine]
+                    for k in range(1, T):
+                        ka, ke = b.shard_rows(k)
+                        buf = torch.empty((ke - ka, b.cols), dtype=mine.dtype)
+                        dist.recv(buf.view(torch.uint8), k)
+                        parts.append(buf)
+                    full = torch.cat(parts).contiguous()
+                    dist.broadcast(full.view(torch.uint8), 0, group=bcast)
+                else:
+                    dist.send(mine.contiguous().view(torch.uint8), 0)
+            dist.barrier()
+            result["baseline_s"] = time.perf_counter() - t0
+        else:
+            i = rank - T
+            recipes = M.inference_recipes(GPU_MODEL, IL, i)
+            dts = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float8_e4m3fn": torch.float8_e4m3fn}
+            tensors = {n: torch.zeros(shape, dtype=dts[dt], device=dev) for n, shape, dt in M.tensor_specs(recipes)}
+            result["inference_bytes"] = sum(t.numel() * t.element_size() for t in tensors.values())
+            rcv = WeightReceiver(eng, ex, rank=i, tensors=tensors, recipes=recipes, backend=be)
+            rcv.setup(120)
+            checks = []
+            for step in range(steps):
+                ex.barrier(range(4), 120)
+                t0 = time.perf_counter()
+                rcv.wait_step(step, 120)
+                t_arr = time.perf_counter() - t0
+                bad, n = [], 0
+                for name, ref in reference(torch, recipes, step, dev):
+                    n += 1
+                    got = tensors[name]
+                    if not torch.equal(got.reshape(-1).view(torch.uint8), ref.contiguous().reshape(-1).view(torch.uint8)):
+                        bad.append(name)
+                checks.append(dict(step=step, arrived_s=t_arr, tensors=n, mismatched=bad[:10], n_bad=len(bad)))
+            result["checks"] = checks
+            # cross-check: the NumPy path gives the same bits as torch on this GPU
+            try:
+                import ml_dtypes  # noqa: F401
+                import numpy as np
+
+                from .quant import quantize_np, quantize_torch
+                w = gen(torch, "x", (640, 1152), "bfloat16", 0, dev)
+                qt, st_ = quantize_torch(w)
+                qn, sn = quantize_np(w.float().cpu().numpy().astype(ml_dtypes.bfloat16))
+                result["numpy_vs_cuda_bit_exact"] = bool(np.array_equal(qt.view(torch.uint8).cpu().numpy(), qn.view(np.uint8))
+                                                          and np.array_equal(st_.cpu().numpy(), sn))
+            except ImportError as e:
+                result["numpy_vs_cuda_bit_exact"] = f"skipped: {e}"
+            ex.barrier(range(4), 300)
+            ex.barrier(range(4), 300)
+            dist.barrier()
+            t0 = time.perf_counter()
+            params = M.logical_params(GPU_MODEL)
+            from .quant import quantize_torch
+            got = {}
+            for name, (shape, dt, _, _) in params.items():
+                r_, c_ = rows_cols(shape)
+                buf = torch.empty((r_, c_), dtype=torch.bfloat16 if dt == "bfloat16" else torch.float32)
+                dist.broadcast(buf.view(torch.uint8), 0, group=bcast)
+                got[name] = buf.to(dev, non_blocking=True)
+            for r in recipes:  # convert as the inference side would after a broadcast
+                pieces = [got[p.param][p.r0:p.r1, p.c0:p.c1] for p in r.parts]
+                if r.quantised:
+                    qs = [quantize_torch(x) for x in pieces]
+                    tensors[r.name].view(-1).view(torch.uint8).copy_(torch.cat([q for q, _ in qs]).reshape(-1).view(torch.uint8))
+                    tensors[r.scale].copy_(torch.cat([s for _, s in qs]).reshape(r.scale_shape))
+                else:
+                    tensors[r.name].copy_(torch.cat(pieces).reshape(r.shape))
+            torch.cuda.synchronize()
+            dist.barrier()
+            result["baseline_s"] = time.perf_counter() - t0
+        eng.stop()
+        dist.destroy_process_group()
+    except BaseException:
+        result["error"] = traceback.format_exc()
+    with open(os.path.join(out_dir, f"rl-rank{rank}.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ferry.rl.gpu_bench")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--watermark-mb", type=int, default=512)
+    a = ap.parse_args(argv)
+    import multiprocessing as mp
+
+    os.makedirs(a.out, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=worker, args=(r, port, a, a.out)) for r in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=900)
+        if p.is_alive():
+            p.kill()
+    res = []
+    for r in range(4):
+        try:
+            with open(os.path.join(a.out, f"rl-rank{r}.json")) as f:
+                res.append(json.load(f))
+        except OSError:
+            res.append({"rank": r, "error": "no result"})
+    summary = summarise(res)
+    with open(os.path.join(a.out, "rl-gpu-summary.json"), "w") as f:
+        json.dump(dict(summary=summary, ranks=res), f, indent=1, default=str)
+    print(json.dumps(summary, indent=1, default=str))
+    return 0 if all("error" not in r for r in res) else 1
+
+
+def summarise(res):
+    s = {}
+    errs = {r["rank"]: r["error"][-1500:] for r in res if "error" in r}
+    if errs:
+        s["errors"] = errs
+    tr = [r for r in res if "steps" in r]
+    if tr:
+        n = min(len(r["steps"]) for r in tr)
+        walls = [max(r["steps"][k]["wall_s"] for r in tr) for k in range(n)]
+        s["step_s"] = walls
+        best = min(range(n), key=lambda k: walls[k])
+        s["best_step"] = best
+        s["stages_best_step"] = {r["rank"]: r["steps"][best]["stages"] for r in tr}
+        s["peak_ring_bytes"] = max(r["steps"][best]["peak_ring_bytes"] for r in tr)
+        s["peak_cuda_above_base_bytes"] = max(r["steps"][best]["peak_cuda_above_base_bytes"] for r in tr)
+        s["watermark_bytes"] = tr[0].get("watermark_bytes")
+        s["bytes_written"] = sum(r["steps"][best]["bytes_written"] for r in tr)
+        prep = max(r["steps"][best]["stages"]["prepare"] for r in tr)
+        s["step_minus_prepare_s"] = walls[best] - prep
+        cc = next((r["copy_ceiling"] for r in tr if "copy_ceiling" in r), None)
+        if cc:
+            s["copy_ceiling"] = cc
+            s["ceiling_over_step"] = cc["s"] / walls[best]
+            s["ceiling_over_step_minus_prepare"] = cc["s"] / max(1e-9, walls[best] - prep)
+        s["quant_GBps"] = next((r["quant_GBps"] for r in tr if "quant_GBps" in r), None)
+        base = max((r.get("baseline_s", 0) for r in res), default=0)
+        s["baseline_gather_broadcast_s"] = base
+        if base:
+            s["speedup_vs_baseline"] = base / walls[best]
+    inf = [r for r in res if "checks" in r]
+    if inf:
+        s["bit_exact"] = all(c["n_bad"] == 0 for r in inf for c in r["checks"])
+        s["checks"] = {r["rank"]: r["checks"] for r in inf}
+        s["numpy_vs_cuda_bit_exact"] = [r.get("numpy_vs_cuda_bit_exact") for r in inf]
+    return s
+
+
+if __name__ == "__main__":
+    sys.exit(main())

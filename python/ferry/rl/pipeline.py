@@ -1,0 +1,439 @@
+"""The per-step pipeline (seed Figure 5) on the trainer side and the inference side.
+
+Trainer rank, for each MeshGroup in order, for each job of its sub-mesh in the
+schedule's order: a rank that holds rows of the job's parameters sends them to the
+job's owner (stage 1, H2D where the shards are offloaded, happens on the owner after
+the rows arrive); the owner waits until the ring memory the job reuses is free (the
+watermark), gathers the rows into its registered staging memory (stage 2,
+``full_tensor`` restricted to the rows this job needs), fuses and quantises into the
+destination layout, and posts one prepared scatter: every write of the job, weights
+and scales, to every inference rank that takes them, with the step's immediate
+(stage 3). Writes run while the next jobs are prepared. When the group's writes are
+complete, the trainers meet in a barrier (stage 4) and the next MeshGroup starts.
+
+Inference rank: registers its weights once and counts the step's immediates.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+import ferry
+
+from . import schedule as S
+from .meta import InferenceMeta, InferenceTensor, Recipe, TrainerBlock, TrainerMeta
+from .quant import ITEMSIZE, np_dtype, quantize_np, quantize_torch, scale_shape
+
+IMM_DATA = 0x524C0000  # + step % 8
+IMM_ABORT = 0x524C0010  # + step % 8
+STEP_SLOTS = 8
+_ROUTE = ferry.GroupRoute.shard_peers()
+
+
+def data_imm(step: int) -> int:
+    return IMM_DATA + step % STEP_SLOTS
+
+
+def abort_imm(step: int) -> int:
+    return IMM_ABORT + step % STEP_SLOTS
+
+
+def _tag(step: int, jid: int, part: int) -> int:
+    if jid >= 1 << 16 or part >= 64:
+        raise ValueError(f"job {jid} part {part}: outside the tag space")
+    return ((step & 0x1F) << 22) | (jid << 6) | part
+
+
+class NumpyBackend:
+    """Host memory: staging and shards are NumPy arrays (bf16 / fp8 via ml_dtypes)."""
+
+    def pool(self, n: int):
+        return np.zeros(n, dtype=np.uint8)
+
+    def view(self, pool, off: int, shape, dtype: str):
+        n = int(np.prod(shape)) * ITEMSIZE[dtype]
+        return pool[off:off + n].view(np_dtype(dtype)).reshape(shape)
+
+    def rows(self, shard, rows: int, cols: int):
+        return shard.reshape(rows, cols)
+
+    def recv_buffer(self, dst):
+        return dst
+
+    def upload(self, host, dst) -> None:
+        if host is not dst:
+            dst[...] = host
+
+    def copy(self, dst, src) -> None:
+        dst[...] = src
+
+    def quantize(self, src, q, s) -> None:
+        qq, ss = quantize_np(src)
+        q[...] = qq
+        s[...] = ss
+
+    def sync(self) -> None:
+        pass
+
+    def byte_view(self, arr):
+        return arr.reshape(-1).view(np.uint8)
+
+
+class TorchBackend:
+    """Staging memory on `device` (a torch device); shards are torch tensors on the
+    CPU (offloaded: gathered there, then copied to the device) or on the device."""
+
+    def __init__(self, device: str = "cuda"):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        self.dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32,
+                       "float8_e4m3fn": torch.float8_e4m3fn, "float16": torch.float16}
+
+    def pool(self, n: int):
+        return self.torch.zeros(n, dtype=self.torch.uint8, device=self.device)
+
+    def view(self, pool, off, shape, dtype):
+        n = int(np.prod(shape)) * ITEMSIZE[dtype]
+        return pool[off:off + n].view(self.dtypes[dtype]).view(tuple(shape))
+
+    def rows(self, shard, rows, cols):
+        return shard.reshape(rows, cols)
+
+    def recv_buffer(self, dst):
+        if dst.device.type == "cpu":
+            return dst
+        return self.torch.empty(dst.shape, dtype=dst.dtype, pin_memory=True)
+
+    def upload(self, host, dst) -> None:
+        if host is not dst:
+            dst.copy_(host, non_blocking=True)
+
+    def copy(self, dst, src) -> None:
+        dst.copy_(src, non_blocking=True)
+
+    def quantize(self, src, q, s) -> None:
+        qq, ss = quantize_torch(src)
+        q.copy_(qq)
+        s.copy_(ss)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.current_stream(self.device).synchronize()
+
+    def byte_view(self, t):
+        return t.reshape(-1).view(self.torch.uint8)
+
+
+@dataclass
+class StepStats:
+    """One trainer rank's step: wall time, per-stage busy time, the timeline."""
+
+    rank: int
+    step: int
+    wall_s: float = 0.0
+    stages: dict = field(default_factory=lambda: {k: 0.0 for k in
+                                                  ("send", "wait_memory", "gather", "h2d", "prepare", "post", "write", "barrier")})
+    events: list = field(default_factory=list)  # (stage, label, t0, t1) in seconds since step start
+    peak_temp_bytes: int = 0
+    bytes_written: int = 0
+    writes: int = 0
+    jobs: int = 0
+
+    def add(self, stage: str, label: str, t0: float, t1: float, base: float) -> None:
+        self.stages[stage] += t1 - t0
+        self.events.append((stage, label, t0 - base, t1 - base))
+
+
+def chrome_trace(stats: Sequence[StepStats], path: Optional[str] = None) -> dict:
+    """Chrome trace (chrome://tracing, Perfetto): one process per rank, one row per stage."""
+    rows = {k: i for i, k in enumerate(("send", "wait_memory", "gather", "h2d", "prepare", "post", "write", "barrier"))}
+    ev = []
+    for st in stats:
+        ev.append({"name": "process_name", "ph": "M", "pid": st.rank, "args": {"name": f"trainer {st.rank} step {st.step}"}})
+        for k, i in rows.items():
+            ev.append({"name": "thread_name", "ph": "M", "pid": st.rank, "tid": i, "args": {"name": k}})
+        for stage, label, t0, t1 in st.events:
+            ev.append({"name": label, "cat": stage, "ph": "X", "pid": st.rank, "tid": rows[stage],
+                       "ts": round(t0 * 1e6, 3), "dur": round(max(t1 - t0, 0) * 1e6, 3)})
+    doc = {"traceEvents": ev, "displayTimeUnit": "ms"}
+    if path:
+        with open(path, "w") as f:
+            json.dump(doc, f)
+    return doc
+
+
+def _gather_meta(exchange, kind: str, meta, controller: int, timeout: float, build: Optional[Callable] = None):
+    metas = exchange.all_gather((kind, meta), timeout)
+    sched = None
+    if exchange.rank == controller:
+        trainers = [m for k, m in metas if k == "trainer"]
+        infs = [m for k, m in metas if k == "inference"]
+        try:
+            sched = build(trainers, infs)
+        except (ValueError, AssertionError) as e:  # every rank learns why, not only the controller
+            sched = f"{type(e).__name__}: {e}"
+    sched = exchange.all_gather(sched, timeout)[controller]
+    if isinstance(sched, str):
+        raise ferry.InvalidArgument(f"no schedule: {sched}")
+    return metas, sched
+
+
+def _route_imm(length: int, nics: int) -> int:
+    return ferry.ImmPlan.scatter_target(length, _ROUTE, nics)
+
+
+class WeightSender:
+    """The trainer side of one rank. `blocks` are this rank's DTensor blocks (meta);
+    `trainer_ranks` / `inference_ranks` map schedule ranks to exchange ranks."""
+
+    def __init__(self, engine: ferry.TransferEngine, exchange, *, rank: int, blocks: Sequence[TrainerBlock],
+                 trainer_ranks: Sequence[int], inference_ranks: Sequence[int], watermark: int,
+                 backend: Any = None, controller: int = 0,
+                 after_post: Optional[Callable[[int, int], None]] = None):
+        self.engine, self.ex, self.rank = engine, exchange, rank
+        self.blocks = list(blocks)
+        self.trainer_ranks, self.inference_ranks = list(trainer_ranks), list(inference_ranks)
+        self.watermark = watermark
+        self.backend = backend or NumpyBackend()
+        self.controller = controller
+        self.after_post = after_post
+        self.schedule: Optional[S.Schedule] = None
+
+    def setup(self, timeout: float = 60.0) -> S.Schedule:
+        """Publish metadata, get the schedule, register staging memory once and prepare
+        every write this rank will post (all collective with the other ranks)."""
+        meta = TrainerMeta(self.rank, self.engine.nics_per_group, tuple(self.blocks))
+
+        def build(trainers, infs):
+            s = S.build(trainers, infs, self.watermark, route_imm=_route_imm)
+            S.check(s, infs)
+            return s
+
+        metas, self.schedule = _gather_meta(self.ex, "trainer", meta, self.controller, timeout, build)
+        infs = {m.rank: m for k, m in metas if k == "inference"}
+        where = {(r, t.name): (ferry.MrDesc.from_bytes(t.desc), t.offset) for r, m in infs.items() for t in m.tensors}
+        self._any_desc = {r: ferry.MrDesc.from_bytes(m.tensors[0].desc) for r, m in infs.items()}
+        self.pool = self.backend.pool(self.watermark)
+        self._h, _ = self.engine.register(self.pool)
+        self._prepared = {}
+        for j in self.schedule.owned(self.rank):
+            dsts = []
+            for w in j.writes:
+                desc, off = where[(w.rank, w.tensor)]
+                dsts.append(ferry.ScatterDst(w.length, j.pool_offset + j.out_offset + w.src, desc, off + w.dst_offset))
+            self._prepared[j.id] = self.engine.prepare_scatter(self._h, dsts, route=_ROUTE)
+        self._mine = {(b.name, b.row0): b for b in self.blocks}
+        return self.schedule
+
+    def _pieces(self, j: S.Job, shards):
+        """(part index, rows [a, b) of the part this rank holds, 2-D view of them)."""
+        for pi, (p, b) in enumerate(j.parts):
+            if (b.name, b.row0) not in self._mine:
+                continue
+            sa, sb = b.shard_rows(self.rank)
+            a, e = max(sa, p.r0 - b.row0), min(sb, p.r1 - b.row0)
+            if a >= e:
+                continue
+            local = self.backend.rows(shards[(b.name, b.row0)], sb - sa, b.cols)
+            yield pi, a + b.row0 - p.r0, e + b.row0 - p.r0, local[a - sa:e - sa, p.c0:p.c1]
+
+    def step(self, step: int, shards: dict, timeout: float = 60.0) -> StepStats:
+        """Send this step's weights. `shards[(name, row0)]` is this rank's local shard of
+        each block (DTensor.to_local()). Raises a ferry error (Unavailable, Timeout, ...)
+        after telling the inference ranks that step `step` is aborted."""
+        try:
+            return self._step(step, shards, timeout)
+        except ferry.FerryError:
+            self.abort(step)
+            raise
+
+    def abort(self, step: int, timeout: float = 5.0) -> None:
+        """Best effort: every inference rank learns that `step` will not complete."""
+        ts = []
+        for d in self._any_desc.values():
+            try:
+                ts.append(self.engine.submit_imm(abort_imm(step), d))
+            except ferry.FerryError:
+                pass
+        for t in ts:
+            try:
+                t.result(timeout)
+            except ferry.FerryError:
+                pass
+
+    def _step(self, step: int, shards: dict, timeout: float) -> StepStats:
+        s, be, me = self.schedule, self.backend, self.rank
+        st = StepStats(me, step)
+        base = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
+        inflight: dict[int, tuple[Any, S.Job, float]] = {}
+        done_at: dict[int, float] = {}
+        live = 0
+
+        def finish(jid: int) -> None:
+            nonlocal live
+            tr, j, t_post = inflight.pop(jid)
+            try:
+                tr.result(timeout=left())
+            except TimeoutError as e:
+                raise ferry.Timeout(f"step {step}: writes of {j.recipe} not complete by the deadline") from e
+            st.add("write", j.recipe, t_post, done_at.get(jid, time.perf_counter()), base)
+            live -= j.footprint
+
+        for group, ids in s.rank_sequence(me):
+            for jid in ids:
+                j = s.jobs[jid]
+                if j.owner != me:
+                    t0 = time.perf_counter()
+                    for pi, _, _, piece in self._pieces(j, shards):
+                        self.ex.send(self.trainer_ranks[j.owner], _tag(step, jid, pi), piece)
+                    st.add("send", j.recipe, t0, time.perf_counter(), base)
+                    continue
+                t0 = time.perf_counter()
+                for w in j.wait_for:
+                    if w in inflight:
+                        finish(w)
+                live += j.footprint
+                st.peak_temp_bytes = max(st.peak_temp_bytes, live)
+                t1 = time.perf_counter()
+                st.add("wait_memory", j.recipe, t0, t1, base)
+                # gather: this rank's rows copied, the others' received
+                views, off = [], j.pool_offset
+                for p, b in j.parts:
+                    views.append(be.view(self.pool, off, (p.rows, p.cols), b.dtype))
+                    off += p.rows * p.cols * ITEMSIZE[b.dtype]
+                mine = set()
+                for pi, a, e, piece in self._pieces(j, shards):
+                    be.copy(views[pi][a:e], piece)
+                    mine.add((pi, a))
+                uploads = []
+                for pi, (p, b) in enumerate(j.parts):
+                    for k in b.mesh:
+                        if k == me:
+                            continue
+                        sa, sb = b.shard_rows(k)
+                        a, e = max(sa, p.r0 - b.row0), min(sb, p.r1 - b.row0)
+                        if a >= e:
+                            continue
+                        dst = views[pi][a + b.row0 - p.r0:e + b.row0 - p.r0]
+                        host = be.recv_buffer(dst)
+                        self.ex.recv(self.trainer_ranks[k], _tag(step, jid, pi), host, left())
+                        uploads.append((host, dst))
+                t2 = time.perf_counter()
+                st.add("gather", j.recipe, t1, t2, base)
+                for host, dst in uploads:
+                    be.upload(host, dst)
+                t3 = time.perf_counter()
+                if uploads:
+                    st.add("h2d", j.recipe, t2, t3, base)
+                if not j.passthrough:
+                    cols = j.parts[0][0].cols
+                    rows = sum(p.rows for p, _ in j.parts)
+                    out = be.view(self.pool, j.pool_offset + j.out_offset, (rows, cols), j.dtype)
+                    if j.scale_bytes:
+                        scols = scale_shape(1, cols)[1]
+                        srows = j.scale_bytes // (4 * scols)
+                        sv = be.view(self.pool, j.pool_offset + j.out_offset + S._align(j.weight_bytes), (srows, scols), "float32")
+                    r = sr = 0
+                    for v, (p, _) in zip(views, j.parts):
+                        if j.scale_bytes:
+                            n = scale_shape(p.rows, p.cols)[0]
+                            be.quantize(v, out[r:r + p.rows], sv[sr:sr + n])
+                            sr += n
+                        else:
+                            be.copy(out[r:r + p.rows], v)
+                        r += p.rows
+                be.sync()
+                t4 = time.perf_counter()
+                st.add("prepare", j.recipe, t3, t4, base)
+                tr = self.engine.submit(self._prepared[jid], imm=data_imm(step))
+                tr.add_done_callback(lambda _f, jid=jid: done_at.__setitem__(jid, time.perf_counter()))
+                t5 = time.perf_counter()
+                st.add("post", j.recipe, t4, t5, base)
+                inflight[jid] = (tr, j, t5)
+                st.jobs += 1
+                st.writes += len(j.writes)
+                st.bytes_written += j.sent_bytes
+                if self.after_post:
+                    self.after_post(step, jid)
+            for jid in list(inflight):
+                finish(jid)
+            t0 = time.perf_counter()
+            self.ex.flush(left())
+            self.ex.barrier(self.trainer_ranks, left())
+            st.add("barrier", group, t0, time.perf_counter(), base)
+        st.wall_s = time.perf_counter() - base
+        return st
+
+
+class WeightReceiver:
+    """The inference side of one rank: its live tensors (by name) registered once; the
+    writes land there with no action from this side. `wait_step` counts immediates."""
+
+    def __init__(self, engine: ferry.TransferEngine, exchange, *, rank: int, tensors: dict,
+                 recipes: Sequence[Recipe], backend: Any = None, controller: int = 0):
+        self.engine, self.ex, self.rank = engine, exchange, rank
+        self.backend = backend or NumpyBackend()
+        self.tensors = tensors
+        self.recipes = list(recipes)
+        self.controller = controller
+        self.step: Optional[int] = None  # last step fully arrived
+        self.stale = False  # True once an update began and did not complete
+        self._handles, metas = [], []
+        for name, arr in tensors.items():
+            h, d = engine.register(self.backend.byte_view(arr))
+            self._handles.append(h)
+            dt = {"bfloat16": "bfloat16", "float8_e4m3fn": "float8_e4m3fn", "float32": "float32"}[_dtype_name(arr)]
+            metas.append(InferenceTensor(name, tuple(arr.shape), dt, d.bytes(), 0))
+        self.meta = InferenceMeta(rank, tuple(self.recipes), tuple(metas))
+
+    def setup(self, timeout: float = 60.0) -> S.Schedule:
+        _, self.schedule = _gather_meta(self.ex, "inference", self.meta, self.controller, timeout)
+        self.expected = self.schedule.imm_expected[self.rank]
+        self._data = [self.engine.imm_counter(IMM_DATA + i) for i in range(STEP_SLOTS)]
+        self._abort = [self.engine.imm_counter(IMM_ABORT + i) for i in range(STEP_SLOTS)]
+        return self.schedule
+
+    def wait_step(self, step: int, timeout: float = 60.0) -> None:
+        """Returns once every write of `step` landed (the weights are step `step`'s).
+        Raises ferry.Aborted when a trainer reported the step failed, ferry.Timeout at
+        the deadline; either way `stale` is set: some weights may be of the new step."""
+        slot = step % STEP_SLOTS
+        data, abort = self._data[slot], self._abort[slot]
+        deadline = time.monotonic() + timeout
+        while True:
+            if abort.try_consume(1):
+                self._reset(slot)
+                self.stale = True
+                raise ferry.Aborted(f"step {step}: a trainer aborted the update; weights are stale")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.stale = self.stale or data.value > 0
+                raise ferry.Timeout(f"step {step}: {data.value} of {self.expected} writes arrived by the deadline")
+            try:
+                data.wait(self.expected, min(0.05, left))
+                break
+            except ferry.Timeout:
+                continue
+        self.step, self.stale = step, False
+
+    def _reset(self, slot: int) -> None:
+        c = self._data[slot]
+        c.try_consume(c.value)
+        a = self._abort[slot]
+        while a.try_consume(1):
+            pass
+
+
+def _dtype_name(arr) -> str:
+    s = str(arr.dtype)
+    return s.replace("torch.", "")

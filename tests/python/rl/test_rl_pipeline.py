@@ -1,0 +1,98 @@
+"""The weight-transfer pipeline across processes over tcp;ofi_rxm: 2 trainer ranks
+(FSDP shards, expert parallel slices) and 2 inference ranks (TP2 / EP2, fp8)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("ml_dtypes")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import rl_ranks  # noqa: E402
+from hub import Hub  # noqa: E402
+
+
+def run_ranks(case: dict, wait: float = 120.0):
+    ctx = mp.get_context("spawn")
+    T = 1
+    for v in case["trainer"].values():
+        T *= v if isinstance(v, int) and not isinstance(v, bool) else 1
+    I = case["inference"].get("instances", 1) * case["inference"]["ep"]
+    hub = Hub(ctx, T + I)
+    results = ctx.Queue()
+    procs = []
+    for w in range(T + I):
+        role, idx = ("trainer", w) if w < T else ("inference", w - T)
+        procs.append(ctx.Process(target=rl_ranks.main, args=(role, idx, w, hub.child_conns[w], results, case),
+                                 daemon=True))
+    for p in procs:
+        p.start()
+    hub.start()
+    expect = T + I - (1 if case.get("die") else 0)
+    out = []
+    deadline = time.monotonic() + wait
+    try:
+        while len(out) < expect:
+            out.append(results.get(timeout=max(1.0, deadline - time.monotonic())))
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    crashes = [r for r in out if r[2] == "crash"]
+    assert not crashes, crashes[0][3]
+    return out, procs
+
+
+CASE = dict(provider="tcp", model="tiny-qwen3-moe", trainer=dict(pp=1, ep=2, fsdp=1),
+            inference=dict(instances=1, ep=2, tp=2), watermark=512 << 10, steps=2, timeout=60.0)
+
+
+def test_two_trainers_two_inference_bit_exact():
+    out, procs = run_ranks(CASE)
+    inf = sorted((r for r in out if r[0] == "inference"), key=lambda r: r[1])
+    tr = sorted((r for r in out if r[0] == "trainer"), key=lambda r: r[1])
+    assert [r[2] for r in tr] == ["ok", "ok"], tr
+    assert len({r[4][0] for r in tr} | {r[4] for r in inf}) == 1  # one schedule everywhere
+    for r in inf:
+        report = r[3]
+        assert [x[0] for x in report] == [0, 1]
+        for step, status, bad, names, stale in report:
+            assert status == "ok" and bad == [] and not stale, (r[1], step, bad)
+        names = report[0][3]
+        assert any("qkv_proj.weight_scale_inv" in n for n in names)  # fused and quantised
+        assert any("w13_weight" in n for n in names) and any("gate_up_proj" in n for n in names)
+    for r in tr:
+        for wall, stages, peak, jobs, writes, nev in r[3]:
+            assert 0 < peak <= CASE["watermark"]
+            assert jobs > 0 and writes >= jobs and nev > 0
+    assert all(p.exitcode == 0 for p in procs)
+
+
+def test_watermark_below_a_job_is_a_typed_error_on_every_rank():
+    out, procs = run_ranks(dict(CASE, watermark=64 << 10, steps=1))
+    for r in out:
+        assert r[2] == "setup_error" and r[3] == "InvalidArgument" and "watermark" in r[4], r
+
+
+def test_trainer_dying_mid_step_is_a_typed_error_and_marks_weights_stale():
+    case = dict(CASE, model="tiny-deepseek-v3", steps=2, timeout=20.0, die=(1, 1, 2), watermark=2 << 20)
+    t0 = time.monotonic()
+    out, procs = run_ranks(case, wait=90)
+    tr = [r for r in out if r[0] == "trainer"]
+    inf = sorted((r for r in out if r[0] == "inference"), key=lambda r: r[1])
+    assert len(tr) == 1 and tr[0][1] == 0
+    assert tr[0][2] == "error" and tr[0][3] in ("Unavailable", "Timeout"), tr
+    for r in inf:
+        (s0, st0, bad0, _, _), last = r[3][0], r[3][-1]
+        assert st0 == "ok" and bad0 == []  # step 0 arrived whole
+        assert last[0] == 1 and last[1] == "error" and last[2] in ("Aborted", "Timeout")
+        assert last[3] is True  # stale: step 1 began and did not finish
+    assert time.monotonic() - t0 < case["timeout"] + 60
+    assert procs[1].exitcode == 17
