@@ -25,6 +25,8 @@ check src/fabric "engine|verbs|nvlink|testing|moe"
 check src/verbs "engine|fabric|nvlink|testing|moe"
 check src/nvlink "engine|fabric|verbs|testing|moe"
 check src/testing "engine|fabric|verbs|nvlink|moe"
+# src/moe sits above the engine and uses only its public API (include/ferry).
+check src/moe "core|engine|fabric|verbs|nvlink|testing|cuda|topo"
 [ -d include/ferry ] && check include/ferry "core|engine|fabric|verbs|nvlink|testing|cuda|topo|moe"
 # Public headers name no transport type: only provider strings.
 if [ -d include/ferry ] && grep -rnE "fid_|ibv_|cudaIpc" include/ferry --include='*.h' | grep -v '^\S*:[0-9]*:\s*//' ; then
