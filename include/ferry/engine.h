@@ -8,9 +8,11 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "ferry/stats.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
 #include "ferry/watcher.h"
@@ -23,6 +25,13 @@ enum class PollMode : uint8_t {
 };
 
 enum class QueueFull : uint8_t { kBlock, kRefuse };
+
+// Where an immediate-count callback runs. kWorker: inline on the NIC worker
+// that counted the arrival, with no hop to the callback thread; for callbacks
+// that return within microseconds and never block, typically posting a reply
+// (a submit from a worker never waits for admission: a full group throws
+// kResourceExhausted). With several groups it may run on two workers at once.
+enum class CallbackOn : uint8_t { kCallbackThread, kWorker };
 
 // One worker thread and its NICs, serving one GPU (or the host).
 struct GroupConfig {
@@ -91,6 +100,16 @@ struct EngineConfig {
   // buffer in flight, submit_send waits (kBlock) or refuses (kRefuse) as above.
   size_t send_buffer_size = 64 << 10;
   size_t send_buffer_count = 256;
+  // Observability (docs/OBSERVABILITY.md). Prometheus text exposition on
+  // http://<host:port>/metrics, off when empty; port 0 picks a free port
+  // (metrics_address() says which). Empty = FERRY_METRICS, else off.
+  std::string metrics_address;
+  // Chrome trace-event JSON (Perfetto, chrome://tracing) written at stop():
+  // transfers, immediates, errors and trace_span()s. Empty = FERRY_TRACE,
+  // else off. Each worker keeps its last trace_events events (a ring), and
+  // the engine as many spans of its users.
+  std::string trace_file;
+  size_t trace_events = 1 << 16;
 };
 
 // Counts arrivals of one immediate value. wait(n) consumes n arrivals; arrivals
@@ -228,6 +247,24 @@ class TransferEngine {
   // arrived, the NIC worker stores the generation (1, 2, ...) with a release
   // store. Replaces any prior mapping of imm; remove_imm_count(imm) frees it.
   uint32_t* imm_counter_gpu(uint32_t imm, uint32_t count);
+
+  // --- observability (ferry/stats.h, docs/OBSERVABILITY.md) -----------------
+  // Counters and gauges now; cheap enough to call every second.
+  EngineStats stats() const;
+  // "host:port" the metrics endpoint listens on; empty when it is off.
+  std::string metrics_address() const;
+  // Whether a trace file will be written (EngineConfig::trace_file).
+  bool tracing() const;
+  // The clock of the timeline: steady_clock (CLOCK_MONOTONIC) nanoseconds,
+  // as Python's time.monotonic_ns().
+  static int64_t trace_clock_ns();
+  // Adds a span [start_ns, end_ns] (trace_clock_ns()) on the track `track`
+  // of this engine's trace: layer pushed, pipeline stage, dispatch phase. A
+  // no-op when tracing is off; thread-safe; bounded like the workers' rings.
+  void trace_span(std::string_view name, int64_t start_ns, int64_t end_ns,
+                  std::string_view track = "user");
+  // A point in time on `track`.
+  void trace_instant(std::string_view name, int64_t at_ns, std::string_view track = "user");
 
   // Stops the workers and the callback thread; outstanding transfers complete
   // with kCancelled and counter waiters return kCancelled. Idempotent; also run

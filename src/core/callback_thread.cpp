@@ -22,10 +22,16 @@ void CallbackThread::stop() {
 
 void CallbackThread::run() {
   pin_current_thread(cpu_, "callback thread");
-  CallbackEvent batch[32];
+  Queued batch[32];
   for (;;) {
     size_t n = q_.wait_dequeue_bulk_timed(batch, 32, std::chrono::milliseconds(50));
-    for (size_t i = 0; i < n; ++i) dispatch(batch[i]);
+    if constexpr (kStatsEnabled)
+      if (n > 0) {
+        const int64_t now = now_ns();
+        for (size_t i = 0; i < n; ++i)
+          if (batch[i].pushed_ns != 0) delay_.record(uint64_t(now - batch[i].pushed_ns));
+      }
+    for (size_t i = 0; i < n; ++i) dispatch(batch[i].ev);
     // Once stopping, leave as soon as the queue is drained (stop() pushed an
     // empty event to wake us), not after another idle timeout.
     if (stop_.load(std::memory_order_acquire) && q_.size_approx() == 0) return;

@@ -12,6 +12,7 @@
 #include <thread>
 #include <variant>
 
+#include "core/stats.h"
 #include "ferry/types.h"
 
 namespace ferry::core {
@@ -41,19 +42,32 @@ class CallbackThread {
  public:
   CallbackThread(ImmTable* imms, int cpu);
   ~CallbackThread();
-  void push(CallbackEvent ev) { q_.enqueue(std::move(ev)); }
+  void push(CallbackEvent ev) {
+    if constexpr (kStatsEnabled)
+      q_.enqueue(Queued{std::move(ev), now_ns()});
+    else
+      q_.enqueue(Queued{std::move(ev), 0});
+  }
   // Drains what is queued, then joins.
   void stop();
   uint64_t callback_failures() const { return failures_.load(); }
   std::thread::id thread_id() const { return thread_.get_id(); }
+  // Statistics: time from push to dispatch; events waiting now (approximate).
+  const StatHistogram& queue_delay() const { return delay_; }
+  size_t queue_depth() const { return q_.size_approx(); }
 
  private:
   void run();
   void dispatch(CallbackEvent& ev);
+  struct Queued {
+    CallbackEvent ev;
+    int64_t pushed_ns = 0;
+  };
 
   ImmTable* imms_;
   int cpu_;
-  moodycamel::BlockingConcurrentQueue<CallbackEvent> q_;
+  moodycamel::BlockingConcurrentQueue<Queued> q_;
+  StatHistogram delay_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> failures_{0};
   std::thread thread_;

@@ -25,6 +25,14 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout) {
   if (!s_) return Status(Code::kFailedPrecondition, "ImmCounter::wait on an empty counter");
   if (n < 0) return Status(Code::kInvalidArgument, "ImmCounter::wait: negative count");
   const auto now = std::chrono::steady_clock::now();
+  // Every return below records the wait's length.
+  struct Timed {
+    core::StatHistogram* h;
+    std::chrono::steady_clock::time_point t0;
+    ~Timed() {
+      if (h) h->record_shared(uint64_t((std::chrono::steady_clock::now() - t0).count()));
+    }
+  } timed{core::kStatsEnabled ? s_->waits.get() : nullptr, now};
   // Saturate: a timeout of years must not overflow the clock.
   const auto deadline = timeout >= std::chrono::steady_clock::time_point::max() - now
                             ? std::chrono::steady_clock::time_point::max()
@@ -119,6 +127,7 @@ ImmCounter ImmTable::counter(uint32_t imm) {
   if (!e.counter) {
     if (e.expected || e.gpu) conflict(imm, kind_of(nullptr, e.expected), "imm_counter");
     e = Entry{std::make_shared<ImmCounter::State>(), nullptr, nullptr};
+    e.counter->waits = waits_;
   }
   return ImmCounter(e.counter);
 }

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/stats.h"
 #include "ferry/engine.h"
 
 namespace ferry {
@@ -23,6 +24,9 @@ struct ImmCounter::State {
   std::atomic<bool> cancelled{false};
   std::mutex mu;
   std::condition_variable cv;
+  // Where wait() records how long it took (the engine's statistics; shared,
+  // since a counter may outlive its engine).
+  std::shared_ptr<core::StatHistogram> waits;
 
   void cancel() {
     cancelled.store(true, std::memory_order_seq_cst);
@@ -86,6 +90,8 @@ class ImmTable {
   // Plain-callback events dropped because the queue held kMaxPlainEvents.
   uint64_t dropped_plain_events() const { return dropped_plain_.load(); }
   static constexpr uint32_t kMaxPlainEvents = 1u << 16;
+  // ImmCounter::wait durations, all counters together.
+  const StatHistogram& counter_waits() const { return *waits_; }
 
   // Worker side: `n` immediates with value imm arrived (their data is visible).
   void on_arrival(uint32_t imm, uint32_t n = 1);
@@ -108,6 +114,7 @@ class ImmTable {
   std::shared_ptr<const std::vector<ImmCallback>> plain_;
   std::atomic<uint32_t> plain_queued_{0};
   std::atomic<uint64_t> dropped_plain_{0};
+  std::shared_ptr<StatHistogram> waits_ = std::make_shared<StatHistogram>();
 };
 
 }  // namespace ferry::core

@@ -44,6 +44,7 @@ PostStep post(Slot& s, const PagedReq& r, Cursor& c, const PostTarget& t, OpHost
     p.count = uint32_t(step.tried);
     step.result = t.domain->post_paged(p);
     c.next += uint32_t(std::min(step.result.posted, step.tried));
+    step.bytes = std::min(step.result.posted, step.tried) * r.page_len;
     return step;
   }
   return post_filled(c, t, [&](std::span<WriteDesc> out, uint32_t* units) {

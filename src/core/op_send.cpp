@@ -21,7 +21,10 @@ PostStep post(Slot& s, const SendReq& r, Cursor& c, const PostTarget& t, OpHost&
   step.result =
       t.domain->post_send(s.peer[0], h.send_pool->buffer(r.buffer), r.len,
                           h.send_pool->reg->local_desc[0], make_ctx(kTagSend, s.gen, c.slot));
-  if (step.result.posted > 0) c.next = c.shard.end;
+  if (step.result.posted > 0) {
+    c.next = c.shard.end;
+    step.bytes = r.len;
+  }
   return step;
 }
 

@@ -19,6 +19,7 @@
 #include "core/domain.h"
 #include "core/requests.h"
 #include "core/sharding.h"
+#include "core/stats.h"
 #include "core/transfer.h"
 
 namespace ferry::core {
@@ -57,6 +58,7 @@ struct PostTarget {
 struct PostStep {
   size_t tried = 0;
   PostResult result;
+  uint64_t bytes = 0;  // bytes of the writes taken (statistics)
 };
 
 namespace ops {
@@ -136,6 +138,8 @@ PostStep post_filled(Cursor& c, const PostTarget& t, Fill&& fill) {
   step.tried = fill(t.batch.first(want), t.units);
   if (step.tried == 0) return step;
   step.result = t.domain->post_writes(t.batch.first(step.tried));
+  if constexpr (kStatsEnabled)
+    for (size_t i = 0; i < step.result.posted; ++i) step.bytes += t.batch[i].len;
   if (step.result.posted < step.tried) c.next = t.units[step.result.posted];
   return step;
 }

@@ -111,6 +111,7 @@ struct Command {
   bool admitted = false;  // counted in the group's requests in flight
   OnDone on_done;
   Clock::time_point deadline{};  // epoch = none
+  int64_t submit_ns = 0;         // core::now_ns() at submit (statistics; 0 = not taken)
   Request req;
 };
 

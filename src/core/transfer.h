@@ -39,6 +39,11 @@ struct Slot {
   // Scatter / barrier: peers[target * kMaxNics + nic].
   std::vector<PeerId> peers;
   const std::vector<PeerId>* group_peers = nullptr;
+  // Statistics and the timeline (core/stats.h, worker_stats.cpp).
+  int64_t submit_ns = 0, first_post_ns = 0;
+  std::array<uint64_t, kMaxNics> stat_bytes{};  // bytes posted per NIC
+  bool stat_p2p = false;                        // prepared, with one peer (s.peer[nic])
+  uint8_t stat_nic = UINT8_MAX;                 // first NIC posted to
 };
 struct Cursor {
   uint32_t slot = 0;

@@ -200,6 +200,8 @@ void Worker::run(std::promise<Status>* init) {
   }
   free_slots_.reserve(slots_.size());
   for (uint32_t i = slots_.size(); i-- > 0;) free_slots_.push_back(i);
+  if (!shared_->config.trace_file.empty())
+    trace_ = std::make_unique<TraceRing>(shared_->config.trace_events);
   Status st = open_nics();
   nic_count = uint8_t(nics_.size());
   rr = &rr_;
@@ -213,6 +215,7 @@ void Worker::run(std::promise<Status>* init) {
     bool busy = drain_commands();
     busy |= progress_posts();
     busy |= poll_completions();
+    note_gauges();
     auto now = Clock::now();
     if (now - last_deadline_scan_ > std::chrono::milliseconds(1)) {
       last_deadline_scan_ = now;
@@ -393,6 +396,7 @@ void Worker::start_transfer(Command& cmd) {
   s.peers.clear();
   s.group_peers = nullptr;
   ++active_;
+  note_started(s, cmd);
 
   // Everything a transfer needs per NIC is resolved once, so posting only
   // patches addresses; user input was validated on the submitting thread.
@@ -402,6 +406,7 @@ void Worker::start_transfer(Command& cmd) {
     maybe_finish(idx);
     return;
   }
+  s.stat_p2p = std::visit([](const auto& r) { return ops::peer(r, 0) != nullptr; }, s.req);
   const ShardPlan plan = std::visit([&](auto& r) { return ops::plan(s, r, *this); }, s.req);
   enqueue_plan(idx, plan);
   maybe_finish(idx);  // empty requests complete at once
@@ -461,6 +466,7 @@ bool Worker::progress_posts() {
       const PostStep step =
           std::visit([&](const auto& r) { return ops::post(s, r, c, t, *this); }, s.req);
       const PostResult& r = step.result;
+      note_posted(s, k, step, batch);
       did |= r.posted > 0;
       s.posted += r.posted;
       nic.outstanding += r.posted;
@@ -504,6 +510,7 @@ bool Worker::poll_completions() {
       Completion& c = comps[i];
       switch (c.kind) {
         case Completion::Kind::kRemoteImm:
+          note_completion(k, c);
           if (c.status.is_ok())
             shared_->imms->on_arrival(c.imm, c.count);
           else
@@ -517,6 +524,7 @@ bool Worker::poll_completions() {
             nic.outstanding -= std::min<uint64_t>(nic.outstanding, c.count);
           break;
         case Completion::Kind::kRecv:
+          note_completion(k, c);
           on_recv_done(c.ctx, c.len, c.status);
           break;
       }
@@ -534,6 +542,7 @@ bool Worker::on_local_done(uint64_t ctx, const Status& st, uint32_t count) {
   }
   Slot& s = slots_[idx];
   if (!s.active || s.gen != ctx_gen(ctx)) return false;  // stale: the slot was recycled
+  note_local_done(st, count);
   s.completed += count;
   if (!st.is_ok()) {
     if (st.code() == Code::kUnavailable)
@@ -603,6 +612,7 @@ void Worker::finish(Slot& s, Status st) {
   if (s.finished) return;
   s.finished = true;
   if (!st.is_ok() && s.error.is_ok()) s.error = st;
+  note_finished(s, st);
   signal(std::exchange(s.on_done, OnDone()), std::move(st));
 }
 
@@ -643,6 +653,7 @@ void Worker::check_deadlines() {
 // ------------------------------------------------------------ control plane
 
 void Worker::register_wt(Registration& reg, bool remote, Status* err) {
+  const int64_t t0 = now_ns();
   reg.mrs.clear();
   for (size_t k = 0; k < nics_.size(); ++k) {
     auto mr = nics_[k].domain->register_mr(reg.ptr, reg.len, reg.device, remote, err);
@@ -657,6 +668,9 @@ void Worker::register_wt(Registration& reg, bool remote, Status* err) {
     reg.local_desc[k] = mr->local_desc;
     reg.mrs.push_back(std::move(mr));
   }
+  stats_.registrations.add();
+  stats_.registered_bytes.add(reg.len);
+  stats_.registration_time.record(uint64_t(now_ns() - t0));
 }
 
 }  // namespace ferry::core

@@ -27,6 +27,7 @@
 #include "core/requests.h"
 #include "core/ring.h"
 #include "core/sharding.h"
+#include "core/stats.h"
 #include "core/transfer.h"
 #include "ferry/engine.h"
 
@@ -124,6 +125,9 @@ class Worker final : public OpHost {
   // Wakes submitters blocked in admit(); they return kFailedPrecondition.
   void close_admission();
   uint64_t in_flight() const { return inflight_.load(std::memory_order_relaxed); }
+  // True on any engine's worker thread: there, admission never blocks (a
+  // worker waiting for room would wait for itself).
+  static bool on_worker_thread();
 
   size_t index() const { return index_; }
   int state_numa_node() const { return state_numa_.load(); }
@@ -131,6 +135,12 @@ class Worker final : public OpHost {
   const std::vector<NetAddr>& addresses() const { return addrs_; }
   const std::vector<DomainInfo>& nic_infos() const { return infos_; }
   std::thread::id thread_id() const { return thread_.get_id(); }
+  // Statistics (core/stats.h): read by snapshots on any thread.
+  const WorkerCounters& counters() const { return stats_; }
+  size_t queued() const { return queue_.size_approx(); }
+  // The timeline of this worker, or null when tracing is off; read it only
+  // once the worker has stopped.
+  const TraceRing* trace_ring() const { return trace_.get(); }
 
   // --- worker thread only (suffix _wt) -----------------------------------
   void register_wt(Registration& reg, bool remote, Status* err);
@@ -190,6 +200,13 @@ class Worker final : public OpHost {
   void mark_dead(const NetAddr& addr, const Status& why);
   void post_recv_buffer(uint32_t pool, uint32_t buffer);
   void on_recv_done(uint64_t ctx, uint64_t len, const Status& st);
+  // Statistics and timeline hooks: worker_stats.cpp.
+  void note_started(Slot& s, const Command& cmd);
+  void note_posted(Slot& s, uint8_t nic, const PostStep& step, const WriteDesc* batch);
+  void note_completion(uint8_t nic, const Completion& c);  // immediates, receives
+  void note_local_done(const Status& st, uint32_t count);  // on current_nic_
+  void note_finished(const Slot& s, const Status& st);
+  void note_gauges();
 
   EngineShared* shared_;
   size_t index_;
@@ -230,6 +247,9 @@ class Worker final : public OpHost {
   uint8_t current_nic_ = 0;   // NIC whose completions are being handled
   Clock::time_point last_deadline_scan_{};
   uint32_t dl_head_ = kNone, dl_tail_ = kNone;
+  uint32_t naps_in_row_ = 0;  // naps since the last useful work: each one longer
+  WorkerCounters stats_;
+  std::unique_ptr<TraceRing> trace_;  // EngineConfig::trace_file set
 };
 
 }  // namespace ferry::core

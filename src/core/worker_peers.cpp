@@ -49,6 +49,7 @@ PeerId Worker::resolve(uint8_t nic, const NetAddr& addr, Status* err) {
                addr.brief(), old->second.brief());
     if (auto p = n.peers.find(old->second); p != n.peers.end()) {
       n.domain->remove_peer(p->second);
+      stats_.forget_peer(nic, p->second);
       n.peers.erase(p);
     }
     n.stale.insert(old->second);
@@ -62,6 +63,7 @@ PeerId Worker::resolve(uint8_t nic, const NetAddr& addr, Status* err) {
   }
   n.peers.emplace(addr, id);
   n.latest[raw] = addr;
+  stats_.peer_resolved(nic, id, addr.brief());
   return id;
 }
 

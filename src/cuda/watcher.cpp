@@ -54,7 +54,9 @@ void SlotPool::release(uint32_t slot) {
 
 // ---------------------------------------------------------- WatcherService
 
-WatcherService::WatcherService(std::shared_ptr<SlotPool> pool, int cpu) : pool_(std::move(pool)) {
+WatcherService::WatcherService(std::shared_ptr<SlotPool> pool, int cpu,
+                               core::StatHistogram* poll_lag)
+    : pool_(std::move(pool)), poll_lag_(poll_lag) {
   thread_ = std::thread([this, cpu] { run(cpu); });
 }
 
@@ -118,8 +120,10 @@ void WatcherService::run(int cpu) {
       core::log().error("UVM watcher release: {}", e.what());
     }
   };
+  int64_t last_sweep = 0;
   for (;;) {
     if (armed.empty()) {
+      last_sweep = 0;
       // Nothing to poll: sleep rather than spin.
       std::unique_lock lk(mu_);
       cv_.wait(lk, [&] { return stop_.load() || !incoming_.empty(); });
@@ -146,6 +150,11 @@ void WatcherService::run(int cpu) {
       }
       ++i;
     }
+    if (core::kStatsEnabled && poll_lag_ && !armed.empty()) {
+      const int64_t t = core::now_ns();
+      if (last_sweep != 0) poll_lag_->record(uint64_t(t - last_sweep));
+      last_sweep = t;
+    }
     cpu_relax();
   }
   for (auto& w : armed) release(w);
@@ -162,7 +171,7 @@ uint64_t* GpuServices::alloc_watcher(int cpu, WatcherCallback cb) {
   if (stopped_) throw Error(Code::kFailedPrecondition, "alloc_uvm_watcher: the engine is stopped");
   if (!watchers_) {
     auto pool = std::make_shared<SlotPool>(alloc_mapped_host(kWatcherSlots * kSlotBytes));
-    watchers_ = std::make_unique<WatcherService>(std::move(pool), cpu);
+    watchers_ = std::make_unique<WatcherService>(std::move(pool), cpu, &poll_lag_);
     core::log().debug("watcher thread started ({} slots of {})", kWatcherSlots,
                       watchers_->pool().block().kind);
   }

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/stats.h"
 #include "cuda/mapped_memory.h"
 #include "cuda/slot_allocator.h"
 #include "ferry/watcher.h"
@@ -46,8 +47,8 @@ class SlotPool {
 class WatcherService {
  public:
   // The thread starts at once and sleeps until the first watcher is armed.
-  // cpu >= 0 pins it there.
-  WatcherService(std::shared_ptr<SlotPool> pool, int cpu);
+  // cpu >= 0 pins it there. poll_lag (if any) gets the time between sweeps.
+  WatcherService(std::shared_ptr<SlotPool> pool, int cpu, core::StatHistogram* poll_lag = nullptr);
   ~WatcherService();
   WatcherService(const WatcherService&) = delete;
   WatcherService& operator=(const WatcherService&) = delete;
@@ -75,6 +76,7 @@ class WatcherService {
   bool deliver(Watch& w, uint64_t now);
 
   std::shared_ptr<SlotPool> pool_;
+  core::StatHistogram* poll_lag_ = nullptr;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Watch> incoming_;            // guarded by mu_
@@ -96,6 +98,8 @@ class GpuServices {
   // returns the flag's device address.
   uint32_t* imm_counter(core::ImmTable& table, uint32_t imm, uint32_t count);
   void stop();
+  // Time between two sweeps of the watcher thread over the armed words.
+  const core::StatHistogram& poll_lag() const { return poll_lag_; }
 
   static constexpr uint32_t kWatcherSlots = 4096;  // 256 KiB of pinned memory
   static constexpr uint32_t kFlagSlots = 1024;     // one 64 KiB GPU page with GDRCopy
@@ -105,6 +109,7 @@ class GpuServices {
   bool stopped_ = false;
   std::unique_ptr<WatcherService> watchers_;
   std::shared_ptr<SlotPool> flags_;
+  core::StatHistogram poll_lag_;
 };
 
 }  // namespace ferry::cuda

@@ -17,6 +17,7 @@
 #include "engine/memory_access.h"
 #include "engine/placement.h"
 #include "engine/provider_select.h"
+#include "engine/stats.h"
 #include "ferry/engine.h"
 
 namespace ferry {
@@ -49,7 +50,8 @@ struct TransferEngine::Impl {
   std::unique_ptr<core::ImmTable> imms;
   std::unique_ptr<core::CallbackThread> callbacks;
   std::vector<std::unique_ptr<core::Worker>> workers;
-  cuda::GpuServices gpu;  // watcher thread and GPU flags, created on first use
+  cuda::GpuServices gpu;      // watcher thread and GPU flags, created on first use
+  engine::Observability obs;  // statistics, metrics endpoint, timeline
 
   std::shared_mutex reg_mu;
   std::unordered_map<uint64_t, RegRef> regs;
@@ -147,6 +149,7 @@ struct TransferEngine::Impl {
     Status st = w.admit(cmd.deadline);
     if (!st.is_ok()) throw Error(st);
     cmd.admitted = true;
+    if constexpr (core::kStatsEnabled) cmd.submit_ns = core::now_ns();
     cmd.id = next_transfer.fetch_add(1, std::memory_order_relaxed);
     cmd.on_done = std::move(on_done);
     cmd.req = std::move(req);
@@ -191,6 +194,7 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   }
   if (!config.fault_injection.empty())
     core::log().warn("fault injection is on: {}", config.fault_injection);
+  engine::Observability::from_environment(config);
   if (config.groups.empty()) throw Error(Code::kInvalidArgument, "EngineConfig: no groups");
   for (size_t i = 0; i < config.groups.size(); ++i)
     for (size_t j = 0; j < i; ++j)
@@ -213,6 +217,8 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   im.shared.send_pool = &im.send_pool;
   im.shared.recv_pools = &im.recv_pools;
   im.shared.open_domain = engine::domain_opener();
+  im.obs.start_trace(im.shared.config);
+  if (!im.obs.tracing()) im.shared.config.trace_file.clear();
 
   engine::validate_against_topology(config);
   // Every group on one provider, or none open: a failed attempt leaves
@@ -279,6 +285,12 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   for (auto& w : im.workers) im.own_threads.push_back(w->thread_id());
   im.send_free.reserve(sp.count);
   for (uint32_t i = 0; i < sp.count; ++i) im.send_free.release(i);
+  try {
+    im.obs.start_metrics(config, [this] { return stats(); });
+  } catch (...) {
+    stop();
+    throw;
+  }
 }
 
 TransferEngine::~TransferEngine() {
@@ -300,6 +312,7 @@ void TransferEngine::stop() {
                 "stop() called from a callback or worker of the same engine; stop it from "
                 "another thread");
   std::lock_guard lk(im.stop_mu);
+  im.obs.stop_metrics();  // its scrapes call stats(): none from here on
   if (im.stopped.exchange(true, std::memory_order_seq_cst)) return;
   // New calls now throw kFailedPrecondition; calls waiting for room or for a
   // send buffer give up; then every call in progress has returned before a
@@ -312,6 +325,7 @@ void TransferEngine::stop() {
   // Waiters on counters return kCancelled (transfers were cancelled above).
   if (im.imms) im.imms->cancel_all();
   if (im.callbacks) im.callbacks->stop();
+  im.obs.write_trace(im.workers);
   // Workers are joined: registrations can be closed from here, before the
   // domains they belong to (owned by the workers).
   {
@@ -773,6 +787,34 @@ void TransferEngine::on_imm(ImmCallback cb) {
 uint64_t* TransferEngine::alloc_uvm_watcher(WatcherCallback cb) {
   auto entered = impl_->enter();
   return impl_->gpu.alloc_watcher(impl_->shared.config.watcher_cpu, std::move(cb));
+}
+
+EngineStats TransferEngine::stats() const {
+  auto entered = impl_->enter();
+  const auto& im = *impl_;
+  return im.obs.stats({&im.workers, im.callbacks.get(), im.imms.get(), &im.gpu.poll_lag()});
+}
+
+std::string TransferEngine::metrics_address() const {
+  return impl_->obs.metrics_address();
+}
+bool TransferEngine::tracing() const {
+  return impl_->obs.tracing() && !impl_->stopped.load();
+}
+int64_t TransferEngine::trace_clock_ns() {
+  return core::now_ns();
+}
+
+void TransferEngine::trace_span(std::string_view name, int64_t start_ns, int64_t end_ns,
+                                std::string_view track) {
+  auto& im = *impl_;
+  // Like enter(), but a span after stop is dropped rather than an error.
+  im.api_calls.fetch_add(1, std::memory_order_seq_cst);
+  if (!im.stopped.load(std::memory_order_seq_cst)) im.obs.span(name, start_ns, end_ns, track);
+  im.api_calls.fetch_sub(1, std::memory_order_seq_cst);
+}
+void TransferEngine::trace_instant(std::string_view name, int64_t at_ns, std::string_view track) {
+  trace_span(name, at_ns, at_ns, track);
 }
 
 uint32_t* TransferEngine::imm_counter_gpu(uint32_t imm, uint32_t count) {

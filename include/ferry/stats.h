@@ -1,0 +1,97 @@
+// A snapshot of an engine's statistics (TransferEngine::stats()). Counters
+// are totals since the engine started; gauges are values now. The list, with
+// the Prometheus names the exporter gives them, is in docs/OBSERVABILITY.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+// A latency distribution: counts[i] values fell at or below upper_s[i]
+// seconds (and above upper_s[i - 1]); the last bucket is unbounded.
+struct LatencyHistogram {
+  std::vector<double> upper_s;
+  std::vector<uint64_t> counts;
+  uint64_t count = 0;
+  double sum_s = 0;
+  // Upper bound of the bucket holding quantile q (0 when empty).
+  double quantile_upper(double q) const;
+  void merge(const LatencyHistogram& o);
+};
+
+// Writes to one peer through one NIC.
+struct PeerStats {
+  size_t group = 0, nic = 0;
+  std::string nic_name;
+  std::string peer;  // NetAddr::brief() of the peer's address on that NIC
+  uint64_t writes_posted = 0, bytes_posted = 0, sends_posted = 0;
+  uint64_t backpressure = 0;  // posts refused for now (-FI_EAGAIN, queue full)
+  uint64_t post_errors = 0;
+  // Point-to-point transfers (single, paged, send, imm) by outcome; bytes_ok:
+  // bytes of those that ended OK.
+  uint64_t transfers_ok = 0, transfers_failed = 0, bytes_ok = 0;
+};
+
+struct NicStats {
+  size_t group = 0, nic = 0;
+  std::string name, provider;
+  uint64_t writes_posted = 0, bytes_posted = 0, sends_posted = 0;
+  uint64_t writes_completed = 0, completion_errors = 0;
+  uint64_t bytes_completed = 0;  // bytes of transfers that ended OK, on this NIC
+  uint64_t backpressure = 0, post_errors = 0;
+  uint64_t imms_received = 0, imm_errors = 0, recvs = 0;
+  uint64_t outstanding = 0;  // gauge: writes posted, not completed
+  uint64_t pending = 0;      // gauge: transfer shards waiting to post
+};
+
+struct WorkerStats {
+  size_t group = 0;
+  uint64_t in_flight = 0;  // gauge: admitted requests not finished
+  uint64_t queued = 0;     // gauge: commands waiting for the worker (approximate)
+  uint64_t transfers_ok = 0;
+  std::map<std::string, uint64_t> transfers_failed;  // by code name ("DEADLINE_EXCEEDED", ...)
+  LatencyHistogram transfer_latency;                 // submit -> its OnDone is signalled
+  LatencyHistogram queue_delay;                      // submit -> the worker takes the request
+  uint64_t registrations = 0, registered_bytes = 0;
+  LatencyHistogram registration_time;
+};
+
+struct ImmValueStats {
+  uint32_t imm = 0;
+  uint64_t count = 0;
+};
+
+struct EngineStats {
+  bool enabled = false;  // false in a build with FERRY_STATS=OFF: everything is zero
+  std::vector<WorkerStats> workers;
+  std::vector<NicStats> nics;
+  std::vector<PeerStats> peers;
+  // Immediates received by value, busiest first (at most top_imms_limit);
+  // imms_other counts the rest.
+  std::vector<ImmValueStats> top_imms;
+  uint64_t imms_other = 0;
+  LatencyHistogram counter_wait;      // ImmCounter::wait, call to return
+  LatencyHistogram callback_delay;    // queued for the callback thread -> it runs
+  LatencyHistogram watcher_poll_lag;  // between two reads of the watched words
+  uint64_t callback_queue_depth = 0;  // gauge
+  uint64_t callback_failures = 0;     // user callbacks that threw
+  uint64_t dropped_plain_imms = 0;    // on_imm events dropped at the queue bound
+  uint64_t trace_events_dropped = 0;  // overwritten in the trace ring before the flush
+
+  // Sums over workers and NICs.
+  uint64_t transfers_ok() const;
+  uint64_t transfers_failed() const;
+  uint64_t transfers_failed(const std::string& code) const;
+  uint64_t bytes_posted() const;
+  uint64_t bytes_completed() const;
+  uint64_t writes_posted() const;
+  uint64_t writes_completed() const;
+  uint64_t imms_received() const;
+  uint64_t backpressure() const;
+};
+
+}  // namespace ferry
