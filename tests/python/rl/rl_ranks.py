@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -94,9 +95,10 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
                     shards[(b.name, b.row0)] = np.ascontiguousarray(w2[b.row0 + a:b.row0 + e])
                 try:
                     ex.barrier(range(T + I), case["timeout"])  # the inference ranks are ready
+                    t0 = time.monotonic()
                     stats.append(snd.step(step, shards, case["timeout"]))
                 except ferry.FerryError as err:
-                    results.put(("trainer", idx, "error", type(err).__name__, str(err)))
+                    results.put(("trainer", idx, "error", type(err).__name__, str(err), time.monotonic() - t0))
                     return
             results.put(("trainer", idx, "ok", [(s.wall_s, s.stages, s.peak_temp_bytes, s.jobs, s.writes,
                                                  len(s.events)) for s in stats],
@@ -116,9 +118,10 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
                     # ready for the update (in a real system: generation paused, the
                     # controller tells the trainers; here a barrier over all ranks)
                     ex.barrier(range(T + I), case["timeout"])
+                    t0 = time.monotonic()
                     rcv.wait_step(step, case["timeout"])
                 except ferry.FerryError as err:
-                    report.append((step, "error", type(err).__name__, rcv.stale))
+                    report.append((step, "error", type(err).__name__, rcv.stale, time.monotonic() - t0))
                     break
                 ref = reference(cfg, recipes, logical_weights(cfg, step))
                 bad = [n for n in tensors if not np.array_equal(tensors[n].view(np.uint8), ref[n].view(np.uint8))]
