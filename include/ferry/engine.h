@@ -76,6 +76,13 @@ struct EngineConfig {
   std::vector<GroupConfig> groups = {GroupConfig{}};
   size_t nics_per_group = 1;  // used when a group names no NICs
   PollMode poll_mode = PollMode::kAdaptive;
+  // kAdaptive: how long an idle worker keeps polling before it blocks on the
+  // submission eventfd and its NICs' completion wait objects (a NIC without
+  // one: then polls yielding the CPU for 200 µs more, then naps). -1 = 200 µs.
+  // Where the process may use fewer than 8 CPUs, these polls yield the CPU
+  // between iterations (with fewer cores than spinning threads, a plain spin
+  // delays the very threads being waited for).
+  std::chrono::microseconds spin_before_block{-1};
   int callback_cpu = -1;
   // CPU the UVM watcher thread pins itself to (-1 = do not pin). The thread
   // starts with the first alloc_uvm_watcher and spins only while one is armed.
@@ -233,6 +240,7 @@ class TransferEngine {
   // --- immediates -----------------------------------------------------------
   // cb fires on the callback thread each time `count` arrivals accumulated.
   void expect_imm_count(uint32_t imm, uint32_t count, ImmCountCallback cb);
+  void expect_imm_count(uint32_t imm, uint32_t count, ImmCountCallback cb, CallbackOn on);
   ImmCounter imm_counter(uint32_t imm);
   void remove_imm_count(uint32_t imm);
   // Called for every immediate nobody counts.

@@ -51,6 +51,8 @@ class CallbackThread {
   // Drains what is queued, then joins.
   void stop();
   uint64_t callback_failures() const { return failures_.load(); }
+  // A callback run elsewhere (inline on a worker) threw.
+  void count_failure() { failures_.fetch_add(1); }
   std::thread::id thread_id() const { return thread_.get_id(); }
   // Statistics: time from push to dispatch; events waiting now (approximate).
   const StatHistogram& queue_delay() const { return delay_; }

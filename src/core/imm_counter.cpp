@@ -5,6 +5,7 @@
 
 #include "core/callback_thread.h"
 #include "core/imm_table.h"
+#include "core/log.h"
 
 namespace ferry {
 
@@ -90,10 +91,11 @@ const char* kind_of(const std::shared_ptr<ImmCounter::State>& c,
 
 }  // namespace
 
-void ImmTable::expect(uint32_t imm, uint32_t count, ImmCountCallback cb) {
+void ImmTable::expect(uint32_t imm, uint32_t count, ImmCountCallback cb, CallbackOn on) {
   auto e = std::make_shared<ExpectedCount>();
   e->every = count;
   e->cb = std::move(cb);
+  e->on_worker = on == CallbackOn::kWorker;
   std::unique_lock lk(mu_);
   auto it = map_.find(imm);
   if (it != map_.end() && !it->second.expected)
@@ -208,13 +210,35 @@ void ImmTable::on_arrival(uint32_t imm, uint32_t n) {
     }
     return;
   }
-  auto& ex = it->second.expected;
+  // A reference, not the map's entry: an inline callback may remap imm.
+  std::shared_ptr<ExpectedCount> ex = it->second.expected;
+  lk.unlock();
   // Each arrival run sees a distinct range of the monotonic count, so exactly
   // one worker observes each multiple of `every`: once per `every` arrivals.
   const uint64_t before = ex->arrived.fetch_add(n, std::memory_order_acq_rel);
   const uint64_t fires = (before + n) / ex->every - before / ex->every;
+  if (ex->on_worker) {
+    run_inline(*ex, fires);
+    return;
+  }
   if (fires > 0 && ex->pending.fetch_add(fires, std::memory_order_acq_rel) == 0)
     callbacks_->push(ImmCountEvent{ex});
+}
+
+void ImmTable::run_inline(ExpectedCount& e, uint64_t fires) {
+  // No hop to the callback thread; an exception must still not reach the
+  // worker's loop.
+  for (uint64_t k = 0; k < fires; ++k) {
+    try {
+      e.cb();
+    } catch (const std::exception& ex) {
+      callbacks_->count_failure();
+      log().error("inline immediate callback threw: {} (the engine keeps running)", ex.what());
+    } catch (...) {
+      callbacks_->count_failure();
+      log().error("inline immediate callback threw a non-std exception");
+    }
+  }
 }
 
 void ImmTable::run_expected(ExpectedCount& e) {

@@ -58,6 +58,7 @@ struct ExpectedCount {
   std::atomic<uint64_t> pending{0};
   uint32_t every = 1;
   ImmCountCallback cb;
+  bool on_worker = false;  // CallbackOn::kWorker: run by the worker that counted
 };
 
 // GPU-visible count (TransferEngine::imm_counter_gpu): the worker itself stores
@@ -78,7 +79,8 @@ class ImmTable {
   // One immediate is counted one way at a time. A mapping of the same kind
   // replaces the prior one (expect, expect_gpu_flag) or is shared (counter);
   // one of another kind throws Error(kAlreadyExists): remove() it first.
-  void expect(uint32_t imm, uint32_t count, ImmCountCallback cb);
+  void expect(uint32_t imm, uint32_t count, ImmCountCallback cb,
+              CallbackOn on = CallbackOn::kCallbackThread);
   ImmCounter counter(uint32_t imm);
   void expect_gpu_flag(uint32_t imm, uint32_t count, uint32_t* flag, std::shared_ptr<void> keep);
   // Waiters on a removed counter return kCancelled.
@@ -101,6 +103,7 @@ class ImmTable {
   void run_expected(ExpectedCount& e);
 
  private:
+  void run_inline(ExpectedCount& e, uint64_t fires);
   struct Entry {
     std::shared_ptr<ImmCounter::State> counter;
     std::shared_ptr<ExpectedCount> expected;

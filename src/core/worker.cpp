@@ -3,7 +3,8 @@
 #include <fmt/format.h>
 #include <numaif.h>
 #include <poll.h>
-#include <sys/eventfd.h>
+#include <sched.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,18 +25,37 @@ constexpr size_t kCommandsPerStep = 32;
 // only the size of one post_writes call.
 constexpr size_t kPostsPerCall = 64;
 constexpr size_t kPollBatch = 32;
-constexpr auto kSpinBeforeBlock = std::chrono::microseconds(200);
+// Idle workers whose NIC has no wait object (shm; NVLink while its copies are
+// in flight) poll yielding the CPU this long, then nap, each nap twice the last
+// (from 20 µs up to 320 µs), so an idle engine wakes rarely and a busy one
+// soon.
+constexpr auto kYieldBeforeNap = std::chrono::microseconds(200);
+constexpr long kFirstNapNs = 20'000;
+constexpr uint32_t kMaxNapDoublings = 4;
+// Longest block in poll(2) when no deadline is nearer; wakes come from the
+// eventfd and the CQs, the timer only runs deadlines and housekeeping.
+constexpr auto kMaxBlock = std::chrono::milliseconds(10);
+
+thread_local bool t_worker_thread = false;
 
 }  // namespace
 
-Worker::Worker(EngineShared* shared, size_t index, GroupConfig group, std::vector<int> affinity)
-    : shared_(shared), index_(index), group_(std::move(group)), affinity_(std::move(affinity)) {
-  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+IdleSpin resolve_idle_spin(std::chrono::microseconds configured) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  return IdleSpin{configured.count() >= 0 ? configured : std::chrono::microseconds(200), cpus < 8};
 }
+
+bool Worker::on_worker_thread() {
+  return t_worker_thread;
+}
+
+Worker::Worker(EngineShared* shared, size_t index, GroupConfig group, std::vector<int> affinity)
+    : shared_(shared), index_(index), group_(std::move(group)), affinity_(std::move(affinity)) {}
 
 Worker::~Worker() {
   stop();
-  if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
 Status Worker::start() {
@@ -52,8 +72,7 @@ Status Worker::start() {
 void Worker::stop() {
   if (!thread_.joinable()) return;
   stop_.store(true, std::memory_order_release);
-  uint64_t one = 1;
-  [[maybe_unused]] auto r = ::write(wake_fd_, &one, sizeof(one));
+  wake_.notify();
   thread_.join();
 }
 
@@ -107,7 +126,7 @@ Status Worker::admit(Clock::time_point deadline) {
                               "max_requests_in_flight)",
                               index_, limit));
   };
-  if (shared_->config.queue_full == QueueFull::kRefuse) return full();
+  if (shared_->config.queue_full == QueueFull::kRefuse || on_worker_thread()) return full();
   blocked_.fetch_add(1, std::memory_order_seq_cst);
   std::unique_lock lk(space_mu_);
   Status st;
@@ -151,10 +170,7 @@ void Worker::submit(Command&& cmd) {
   // reordered (idle_wait has the mirror fence): otherwise the worker can go
   // to sleep with this command queued and nobody to wake it.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (sleeping_.load(std::memory_order_relaxed)) {
-    uint64_t one = 1;
-    [[maybe_unused]] auto r = ::write(wake_fd_, &one, sizeof(one));
-  }
+  if (sleeping_.load(std::memory_order_relaxed)) wake_.notify();
 }
 
 Status Worker::call(std::function<Status()> fn, std::chrono::milliseconds timeout) {
@@ -210,6 +226,11 @@ void Worker::run(std::promise<Status>* init) {
   init->set_value(st);
   if (!st.is_ok()) return;
 
+  t_worker_thread = true;
+  // Naps and poll(2) timeouts are short; the default 50 µs of slack would
+  // make a 20 µs nap last 70.
+  ::prctl(PR_SET_TIMERSLACK, 5'000UL, 0, 0, 0);
+  const IdleSpin spin = resolve_idle_spin(shared_->config.spin_before_block);
   auto last_busy = Clock::now();
   while (!stop_.load(std::memory_order_acquire)) {
     bool busy = drain_commands();
@@ -223,9 +244,12 @@ void Worker::run(std::promise<Status>* init) {
     }
     if (busy) {
       last_busy = now;
-    } else if (shared_->config.poll_mode == PollMode::kAdaptive &&
-               now - last_busy > kSpinBeforeBlock) {
-      idle_wait();
+      naps_in_row_ = 0;
+    } else if (shared_->config.poll_mode == PollMode::kAdaptive && now - last_busy >= spin.spin) {
+      // A NIC that cannot block is polled, yielding, before the worker naps.
+      if (!idle_wait(now - last_busy >= spin.spin + kYieldBeforeNap)) ::sched_yield();
+    } else if (spin.yield && shared_->config.poll_mode == PollMode::kAdaptive) {
+      ::sched_yield();
     }
   }
 
@@ -287,18 +311,12 @@ Status Worker::open_nics() {
   return {};
 }
 
-void Worker::idle_wait() {
-  sleeping_.store(true, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // mirror of submit()
-  if (queue_.size_approx() != 0 || stop_.load()) {
-    sleeping_.store(false);
-    return;
-  }
-  // Block on the command wakeup and every CQ when all CQs allow it; otherwise
-  // nap briefly so providers with manual progress still move data.
+bool Worker::idle_wait(bool may_nap) {
+  // Can every NIC block? Asked first: fi_trywait may progress the provider,
+  // which can make a completion appear.
   pollfd fds[1 + kMaxNics];
   nfds_t n = 0;
-  fds[n++] = {wake_fd_, POLLIN, 0};
+  fds[n++] = {wake_.fd(), POLLIN, 0};
   bool all_blockable = true;
   for (auto& nic : nics_) {
     int fd = nic.domain->wait_fd();
@@ -308,16 +326,47 @@ void Worker::idle_wait() {
     }
     fds[n++] = {fd, POLLIN, 0};
   }
-  if (all_blockable) {
-    ::poll(fds, n, 2);
-  } else {
-    ::poll(fds, 1, 0);
-    timespec ts{0, 20'000};
-    ::nanosleep(&ts, nullptr);
+  if (!all_blockable && !may_nap) return false;
+  sleeping_.store(true, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // mirror of submit()
+  if (queue_.size_approx() != 0 || stop_.load()) {
+    sleeping_.store(false);
+    return true;
   }
-  uint64_t v;
-  [[maybe_unused]] auto r = ::read(wake_fd_, &v, sizeof(v));
+  auto& wc = wake_counters();
+  wc.asleep.fetch_add(1, std::memory_order_relaxed);
+  if (all_blockable) {
+    // Until the next deadline (rounded up), at most kMaxBlock; 1 ms while a
+    // retired registration waits to be closed.
+    std::chrono::milliseconds timeout = retired_.empty() ? kMaxBlock : std::chrono::milliseconds(1);
+    if (dl_head_ != kNone) {
+      auto until =
+          std::chrono::ceil<std::chrono::milliseconds>(slots_[dl_head_].deadline - Clock::now());
+      timeout = std::clamp(until, std::chrono::milliseconds(1), timeout);
+    }
+    wc.blocks.fetch_add(1, std::memory_order_relaxed);
+    const int ready = ::poll(fds, n, int(timeout.count()));
+    if (ready <= 0) {
+      wc.by_timer.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      if (fds[0].revents != 0) wc.by_submission.fetch_add(1, std::memory_order_relaxed);
+      for (nfds_t i = 1; i < n; ++i)
+        if (fds[i].revents != 0) {
+          wc.by_completion.fetch_add(1, std::memory_order_relaxed);
+          break;
+        }
+    }
+  } else {
+    wc.naps.fetch_add(1, std::memory_order_relaxed);
+    timespec ts{0, kFirstNapNs << std::min(naps_in_row_, kMaxNapDoublings)};
+    ++naps_in_row_;
+    // A submission ends the nap early.
+    ::ppoll(fds, 1, &ts, nullptr);
+  }
+  wc.asleep.fetch_sub(1, std::memory_order_relaxed);
+  wake_.drain();
   sleeping_.store(false, std::memory_order_seq_cst);
+  return true;
 }
 
 // --------------------------------------------------------------- commands

@@ -29,6 +29,7 @@
 #include "core/sharding.h"
 #include "core/stats.h"
 #include "core/transfer.h"
+#include "core/wake.h"
 #include "ferry/engine.h"
 
 namespace ferry::core {
@@ -178,7 +179,9 @@ class Worker final : public OpHost {
   void handle(Command& cmd);
   bool progress_posts();
   bool poll_completions();
-  void idle_wait();
+  // Blocks (or naps) until a submission, a completion or the next deadline;
+  // false when it did neither (a NIC cannot block and !may_nap).
+  bool idle_wait(bool may_nap);
   void check_deadlines();
   void deadline_insert(uint32_t idx);
   void deadline_remove(uint32_t idx);
@@ -222,7 +225,7 @@ class Worker final : public OpHost {
   std::atomic<bool> closed_{false};
   std::mutex space_mu_;
   std::condition_variable space_cv_;
-  int wake_fd_ = -1;
+  WakeFd wake_;
   std::atomic<bool> sleeping_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;

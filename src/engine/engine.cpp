@@ -762,10 +762,15 @@ TransferId TransferEngine::submit_barrier(std::optional<PeerGroupHandle> group, 
 // -------------------------------------------------------------- immediates
 
 void TransferEngine::expect_imm_count(uint32_t imm, uint32_t count, ImmCountCallback cb) {
+  expect_imm_count(imm, count, std::move(cb), CallbackOn::kCallbackThread);
+}
+
+void TransferEngine::expect_imm_count(uint32_t imm, uint32_t count, ImmCountCallback cb,
+                                      CallbackOn on) {
   if (count == 0) throw Error(Code::kInvalidArgument, "expect_imm_count: count must be positive");
   if (!cb) throw Error(Code::kInvalidArgument, "expect_imm_count: empty callback");
   auto entered = impl_->enter();
-  impl_->imms->expect(imm, count, std::move(cb));
+  impl_->imms->expect(imm, count, std::move(cb), on);
 }
 
 ImmCounter TransferEngine::imm_counter(uint32_t imm) {

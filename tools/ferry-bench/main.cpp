@@ -637,9 +637,11 @@ void serve_ferry(Region& reg, const Options& o, int fd, const Point& p, uint64_t
   auto data = e->imm_counter(kImmData);
   ferry::ImmCounter ping;
   if (p.kind == Kind::kImm) ping = e->imm_counter(kImmPing);
-  if (p.kind == Kind::kImmCb)
-    e->expect_imm_count(kImmPingCb, 1,
-                        [&] { e->submit_imm(kImmPong, client, ferry::OnDone::none()); });
+  if (p.kind == Kind::kImmCb || p.kind == Kind::kImmInline)
+    e->expect_imm_count(
+        kImmPingCb, 1, [&] { e->submit_imm(kImmPong, client, ferry::OnDone::none()); },
+        p.kind == Kind::kImmInline ? ferry::CallbackOn::kWorker
+                                   : ferry::CallbackOn::kCallbackThread);
   if (p.kind == Kind::kSendRecv) {
     ferry::NetAddr to = client.nics[0].addr;
     e->submit_recvs(p.size, kFerryRecvs, [&e, to](std::span<const uint8_t> m) {
@@ -868,6 +870,7 @@ std::vector<Point> make_points(const Options& o) {
   if (want("imm")) {
     v.push_back({Kind::kImm, 0, 1, true});
     v.push_back({Kind::kImmCb, 0, 1, true});
+    v.push_back({Kind::kImmInline, 0, 1, true});
   }
   if (want("sendrecv")) v.push_back({Kind::kSendRecv, o.msg_size, 1, false});
   return v;
@@ -1084,7 +1087,7 @@ int client(int fd, Options& o, const std::vector<Point>& points) {
              o.iters ? fmt::format(" ({} requests)", o.iters) : "", o.verify ? ", verifying" : "");
   fmt::print(
       "latency columns: per-request completion time (throughput points), half round trip "
-      "(imm, imm-cb, sendrecv); frac = ferry/{} throughput, or {}/ferry p50 latency{}\n",
+      "(imm, imm-cb, imm-inl, sendrecv); frac = ferry/{} throughput, or {}/ferry p50 latency{}\n",
       o.baseline(), o.baseline(),
       copies ? "; cuda = one cudaMemcpyAsync per write into the peer's IPC-mapped region" : "");
   o.load_start = shell("cut -d' ' -f1-3 /proc/loadavg");
@@ -1250,8 +1253,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-raw", o.no_raw,
                "skip the baseline (raw libfabric, or CUDA copies for nvlink)");
   app.add_option("--only", o.only,
-                 "comma-separated: single,paged,scatter,barrier,imm,sendrecv (imm runs both the "
-                 "counter and the callback responder)")
+                 "comma-separated: single,paged,scatter,barrier,imm,sendrecv (imm runs the "
+                 "counter responder, the callback responder on the callback thread (imm-cb) and "
+                 "on the worker (imm-inl))")
       ->capture_default_str();
   app.add_option("--repeat", o.repeat,
                  "run raw and ferry alternately this many times per point and report the median "

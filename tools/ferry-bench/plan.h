@@ -13,7 +13,17 @@
 
 namespace ferry_bench {
 
-enum class Kind : uint32_t { kSingle, kPaged, kScatter, kBarrier, kImm, kImmCb, kSendRecv };
+// kImmInline: imm-cb with the callback run on the worker (CallbackOn::kWorker).
+enum class Kind : uint32_t {
+  kSingle,
+  kPaged,
+  kScatter,
+  kBarrier,
+  kImm,
+  kImmCb,
+  kSendRecv,
+  kImmInline
+};
 
 inline const char* kind_name(Kind k) {
   switch (k) {
@@ -31,6 +41,8 @@ inline const char* kind_name(Kind k) {
       return "imm-cb";
     case Kind::kSendRecv:
       return "sendrecv";
+    case Kind::kImmInline:
+      return "imm-inl";
   }
   return "?";
 }
@@ -50,7 +62,8 @@ struct Point {
   uint32_t count = 1;  // pages per request; scatter / barrier targets
   bool imm = true;
   bool latency() const {
-    return kind == Kind::kImm || kind == Kind::kImmCb || kind == Kind::kSendRecv;
+    return kind == Kind::kImm || kind == Kind::kImmCb || kind == Kind::kImmInline ||
+           kind == Kind::kSendRecv;
   }
   std::string size_label() const {
     if (size >= (1 << 20) && size % (1 << 20) == 0) return fmt::format("{}M", size >> 20);
