@@ -16,7 +16,7 @@ export PYTHONPATH=$CARRY:$CARRY/site LD_LIBRARY_PATH=$CARRY/lib:${LD_LIBRARY_PAT
 nvidia-smi -L | tee "$OUT/gpu.txt"
 "$PY" -c "import sys, torch, numpy, ferry; print(sys.version.split()[0], 'torch', torch.__version__, 'numpy', numpy.__version__, ferry.__file__)" | tee -a "$OUT/gpu.txt"
 rc=0
-timeout ${RL_BENCH_S:-220} "$PY" -m ferry.rl.gpu_bench --out "$OUT" --steps 3 \
+timeout ${RL_BENCH_S:-230} "$PY" -m ferry.rl.gpu_bench --out "$OUT" --steps 3 --deadline 210 \
   --watermark-mb ${RL_WATERMARK_MB:-512} 2>&1 | tail -c 20000 | tee "$OUT/gpu-bench.txt" || rc=1
 timeout ${RL_PYTEST_S:-100} "$PY" -m pytest tests/python/rl -q -rs -p no:cacheprovider 2>&1 \
   | tail -c 8000 | tee "$OUT/pytest-rl.txt" || rc=1

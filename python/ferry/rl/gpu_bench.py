@@ -57,9 +57,9 @@ def reference(torch, recipes, step, device):
 
     for r in recipes:
         pieces = [full(p.param)[p.r0:p.r1, p.c0:p.c1] for p in r.parts]
-        if r.quantised:
+        if r.quantised:  # fp8 compared (and concatenated) as bytes
             qs = [quantize_torch(x) for x in pieces]
-            yield r.name, torch.cat([q for q, _ in qs]).reshape(r.shape)
+            yield r.name, torch.cat([q.view(torch.uint8) for q, _ in qs])
             yield r.scale, torch.cat([s for _, s in qs]).reshape(r.scale_shape)
         else:
             yield r.name, torch.cat(pieces).reshape(r.shape)
@@ -225,7 +225,7 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                 pieces = [got[p.param][p.r0:p.r1, p.c0:p.c1] for p in r.parts]
                 if r.quantised:
                     qs = [quantize_torch(x) for x in pieces]
-                    tensors[r.name].view(-1).view(torch.uint8).copy_(torch.cat([q for q, _ in qs]).reshape(-1).view(torch.uint8))
+                    tensors[r.name].view(-1).view(torch.uint8).copy_(torch.cat([q.view(torch.uint8) for q, _ in qs]).reshape(-1))
                     tensors[r.scale].copy_(torch.cat([s for _, s in qs]).reshape(r.scale_shape))
                 else:
                     tensors[r.name].copy_(torch.cat(pieces).reshape(r.shape))
@@ -245,6 +245,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--watermark-mb", type=int, default=512)
+    ap.add_argument("--deadline", type=float, default=200.0, help="seconds for the whole run")
     a = ap.parse_args(argv)
     import multiprocessing as mp
 
@@ -256,8 +257,10 @@ def main(argv=None) -> int:
     procs = [ctx.Process(target=worker, args=(r, port, a, a.out)) for r in range(4)]
     for p in procs:
         p.start()
+    deadline = time.monotonic() + a.deadline
     for p in procs:
-        p.join(timeout=900)
+        p.join(timeout=max(1.0, deadline - time.monotonic()))
+    for p in procs:
         if p.is_alive():
             p.kill()
     res = []
