@@ -1413,6 +1413,8 @@ uint8_t nic_index(nb::handle nic, const char* name) {
 }
 
 }  // namespace
+void register_moe(nb::module_& m);  // moe_ext.cpp
+
 }  // namespace ferry::py
 
 using namespace ferry;
@@ -1861,4 +1863,5 @@ NB_MODULE(_ferry, m) {
       .def("imm_counter_gpu", &E::imm_counter_gpu, "imm"_a.none(), "count"_a.none())
       .def("stop", &E::stop);
   (void)none;
+  register_moe(m);  // ferry._ferry._moe (moe_ext.cpp)
 }

@@ -127,6 +127,8 @@ struct AllToAll::Impl {
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     const Device dev = cfg.host_buffers ? Device::host() : Device::cuda(cfg.device);
     std::tie(h_routes, d_routes) = engine.reg_mr(routes, size_t{g.world} * g.num_experts * 4);
+    // One NVLink node: payloads never touch the engine, only routes and barriers.
+    if (g.remote_ranks() == 0) return;
     h_send = engine.reg_mr(block + off_send, off_recv - off_send, dev).first;
     std::tie(h_recv, d_recv) = engine.reg_mr(block + off_recv, off_csend - off_recv, dev);
     h_csend = engine.reg_mr(block + off_csend, off_crecv - off_csend, dev).first;
@@ -167,8 +169,8 @@ struct AllToAll::Impl {
     w.u64(cfg.rank);
     w.u64(sizes.dispatch_stride);
     w.bytes(d_routes.to_bytes());
-    w.bytes(d_recv.to_bytes());
-    w.bytes(d_crecv.to_bytes());
+    w.bytes(h_recv.ptr ? d_recv.to_bytes() : std::vector<uint8_t>{});
+    w.bytes(h_crecv.ptr ? d_crecv.to_bytes() : std::vector<uint8_t>{});
     cudaIpcMemHandle_t ipc{};
     if (!cfg.host_buffers && cfg.node_size > 1)
       check(cudaIpcGetMemHandle(&ipc, block), "cudaIpcGetMemHandle");
@@ -192,8 +194,9 @@ struct AllToAll::Impl {
         throw Error(Code::kInvalidArgument,
                     "moe: rank " + std::to_string(r) + " has another geometry");
       peers[r].routes = MrDesc::from_bytes(rd.bytes());
-      peers[r].recv = MrDesc::from_bytes(rd.bytes());
-      peers[r].combine_recv = MrDesc::from_bytes(rd.bytes());
+      auto recv = rd.bytes(), crecv = rd.bytes();
+      if (!recv.empty()) peers[r].recv = MrDesc::from_bytes(recv);
+      if (!crecv.empty()) peers[r].combine_recv = MrDesc::from_bytes(crecv);
       auto ipc = rd.bytes();
       if (!g.same_node(r, g.rank)) continue;
       uint8_t* base = block;

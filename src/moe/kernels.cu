@@ -111,7 +111,9 @@ struct SmemPlan {
 // Every block keeps the plan in shared memory (a few KiB).
 __device__ PlanView load_plan(const KernelParams& p, SmemPlan& sp) {
   const uint32_t n = p.N * p.L + 2 * p.N + 2 * p.L;
-  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) sp.words[i] = p.plan[i];
+  // Volatile: the proxy rewrites these words every iteration (no stale L1 line).
+  const volatile uint32_t* plan = p.plan;
+  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) sp.words[i] = plan[i];
   __syncthreads();
   const PlanView v = PlanView::of(sp.words, p.N, p.L, p.me, p.S, p.P);
   if (threadIdx.x == 0) derive(v, sp.item_pre, sp.stream_pre, sp.ovf);

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# MoE on the GPU machine (docs/MOE.md). Two halves:
+#   scripts/gpu_moe.sh carry        here: build the Python 3.12 package and the
+#                                   unit tests into .moe-carry/ (ignored by git)
+#   scripts/gpu_moe.sh run [quick|full] [OUT]   there (device tool, carry: [".moe-carry"]):
+#                                   unit tests, GPU tests, decode and prefill benchmarks
+# quick: 20 graph replays and short benchmarks; full: 1000 replays, 2000 iterations.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-}" in
+carry)
+  set -e
+  PY=${PY:-/root/.pyenv/versions/3.12.1/bin/python3.12}
+  [ -x build/venv-moe/bin/python ] || "$PY" -m venv build/venv-moe
+  build/venv-moe/bin/pip install -q nanobind scikit-build-core numpy pytest
+  build/venv-moe/bin/pip install -q --no-build-isolation -Cbuild-dir=build/py-moe -e .
+  [ -d build-moe ] || cmake -S . -B build-moe -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_WERROR=ON
+  cmake --build build-moe --target moe_unit_tests -j2
+  rm -rf .moe-carry && mkdir -p .moe-carry/lib .moe-carry/bin
+  cp -a python/ferry .moe-carry/ferry && find .moe-carry/ferry -name __pycache__ -prune -exec rm -rf {} +
+  cp build/venv-moe/lib/python3.12/site-packages/ferry/_ferry*.so .moe-carry/ferry/
+  strip --strip-debug .moe-carry/ferry/_ferry*.so
+  cp build-moe/tests/moe_unit_tests .moe-carry/bin/ && strip .moe-carry/bin/moe_unit_tests
+  cp -a .gpu-carry/lib/libspdlog.so.1.10* .gpu-carry/lib/libfmt.so.9* .gpu-carry/lib/libnuma.so.1* .moe-carry/lib/
+  grep -qx '/.moe-carry/' .git/info/exclude || echo /.moe-carry/ >> .git/info/exclude
+  du -sh .moe-carry
+  ;;
+run)
+  MODE=${2:-quick}
+  OUT=${3:-${OUT:-/tmp/moe-out}}
+  mkdir -p "$OUT"
+  [ -x /opt/torch/.venv/bin/python3 ] && export PATH=/opt/torch/.venv/bin:$PATH
+  export PYTHONPATH=$PWD/.moe-carry LD_LIBRARY_PATH=$PWD/.moe-carry/lib:${LD_LIBRARY_PATH:-} \
+         FERRY_LOG=warn PYTHONUNBUFFERED=1
+  if [ "$MODE" = full ]; then REPLAYS=1000 ITERS=2000; else REPLAYS=20 ITERS=300; fi
+  nvidia-smi -L > "$OUT/machine.txt" 2>&1; python3 -c 'import torch; print(torch.__version__)' >> "$OUT/machine.txt" 2>&1
+  timeout 120 .moe-carry/bin/moe_unit_tests > "$OUT/unit.log" 2>&1; echo "unit rc=$?" | tee -a "$OUT/summary.txt"
+  FERRY_MOE_REPLAYS=$REPLAYS timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -v -s -p no:cacheprovider \
+    tests/python/moe > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" | tee -a "$OUT/summary.txt"
+  for m in nvlink proxy; do
+    timeout ${BENCH_TIMEOUT:-60} python3 -m ferry.moe.bench --world 4 --mode $m --tokens 128 --iters $ITERS \
+      --output "$OUT/bench-decode-$m.json" > "$OUT/bench-decode-$m.log" 2>&1
+    echo "bench decode $m rc=$?" | tee -a "$OUT/summary.txt"
+  done
+  timeout ${BENCH_TIMEOUT:-60} python3 -m ferry.moe.bench --world 4 --mode nvlink --tokens 4096 \
+    --iters $((ITERS / 10)) --warmup 5 --output "$OUT/bench-prefill-nvlink.json" \
+    > "$OUT/bench-prefill-nvlink.log" 2>&1
+  echo "bench prefill nvlink rc=$?" | tee -a "$OUT/summary.txt"
+  ;;
+*)
+  echo "usage: $0 carry | run [quick|full] [OUT]" >&2
+  exit 2
+  ;;
+esac
