@@ -30,6 +30,7 @@ _os.environ.setdefault("FERRY_LOG", "warn")
 
 from . import _ferry  # noqa: E402
 from ._engine import Group, Transfer, TransferEngine
+from ._stats import trace_clock_ns
 from ._errors import (
     Aborted,
     AlreadyExists,
@@ -88,6 +89,7 @@ __all__ = [
     "__version__",
     "build_info",
     "TransferEngine",
+    "trace_clock_ns",
     "Transfer",
     "Group",
     "NetAddr",

@@ -13,6 +13,7 @@ import weakref
 from typing import Any, Callable, Generator, Iterable, Optional, Sequence, Union
 
 from . import _ferry
+from ._stats import _Observability
 from ._errors import (
     BY_CODE,
     FailedPrecondition,
@@ -259,7 +260,7 @@ def _gid_index(value: Any) -> int:
     return index
 
 
-class TransferEngine:
+class TransferEngine(_Observability):
     """RDMA-style transfers (one-sided writes with 32-bit immediates, send/recv).
 
     Args:
@@ -290,6 +291,11 @@ class TransferEngine:
         queue_full: what a submit does when its group is full: "block" (default) waits
             for room until the request's deadline (then DeadlineExceeded), "refuse" raises
             ResourceExhausted at once. Either way the request is not queued.
+        metrics: "host:port" to serve Prometheus metrics on (GET /metrics; port 0: a free
+            port, see `metrics_address`). None: the FERRY_METRICS environment variable,
+            else off.
+        trace: a file to write a Chrome trace-event JSON timeline to at stop() (Perfetto,
+            chrome://tracing). None: FERRY_TRACE, else off. docs/OBSERVABILITY.md.
 
     Use it as a context manager, or call stop(): ``with TransferEngine(...) as e: ...``.
     Callbacks (on_done, receive, immediates) run on the engine's callback thread with the
@@ -313,6 +319,8 @@ class TransferEngine:
         verbs_gid_index: int = -1,
         max_requests_in_flight: int = 65536,
         queue_full: str = "block",
+        metrics: Optional[str] = None,
+        trace: Optional[str] = None,
     ) -> None:
         if provider is not None and not isinstance(provider, str):
             raise InvalidArgumentType(f"provider must be a str or None, got {type(provider).__name__}")
@@ -361,6 +369,8 @@ class TransferEngine:
             verbs_gid_index,
             max_requests_in_flight,
             queue_full,
+            metrics or "",
+            trace or "",
         )
         with _live_lock:
             _live_engines.add(self)

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "ferry/ferry.h"
+#include "stats_ext.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -770,9 +771,11 @@ class PyEngine {
   PyEngine(std::string provider, std::vector<GroupSpec> groups, size_t nics_per_group, bool busy,
            int callback_cpu, double default_timeout, size_t send_buffer_size,
            size_t send_buffer_count, int verbs_gid_index, size_t max_requests_in_flight,
-           std::string queue_full)
+           std::string queue_full, std::string metrics_address, std::string trace_file)
       : shared_(std::make_shared<Shared>()) {
     EngineConfig c;
+    c.metrics_address = std::move(metrics_address);  // observability: stats_ext.cpp
+    c.trace_file = std::move(trace_file);
     if (max_requests_in_flight == 0) invalid("max_requests_in_flight must be positive");
     c.max_requests_in_flight = max_requests_in_flight;
     if (queue_full == "block")
@@ -808,6 +811,12 @@ class PyEngine {
     provider_ = engine_->provider();
     nics_ = engine_->nics_per_group();
     incarnation_ = engine_->incarnation();
+  }
+
+  // The C++ engine, for the bindings of other files (stats_ext.cpp).
+  TransferEngine& native() {
+    if (stopped_ || !engine_) throw Error(Code::kFailedPrecondition, "the transfer engine is stopped");
+    return *engine_;
   }
 
   ~PyEngine() { shutdown(); }
@@ -1811,10 +1820,11 @@ NB_MODULE(_ferry, m) {
   const auto none = nb::none();
   nb::class_<E>(m, "Engine", "The C++ TransferEngine (use ferry.TransferEngine).")
       .def(nb::init<std::string, std::vector<GroupSpec>, size_t, bool, int, double, size_t, size_t,
-                    int, size_t, std::string>(),
+                    int, size_t, std::string, std::string, std::string>(),
            "provider"_a, "groups"_a, "nics_per_group"_a, "busy"_a, "callback_cpu"_a,
            "default_timeout"_a, "send_buffer_size"_a, "send_buffer_count"_a,
-           "verbs_gid_index"_a = -1, "max_requests_in_flight"_a = 65536, "queue_full"_a = "block")
+           "verbs_gid_index"_a = -1, "max_requests_in_flight"_a = 65536, "queue_full"_a = "block",
+           "metrics_address"_a = "", "trace_file"_a = "")
       .def_prop_ro("main_address", &E::main_address)
       .def("addresses", &E::addresses, "group"_a.none() = 0)
       .def_prop_ro("num_groups", &E::num_groups)
@@ -1863,5 +1873,6 @@ NB_MODULE(_ferry, m) {
       .def("imm_counter_gpu", &E::imm_counter_gpu, "imm"_a.none(), "count"_a.none())
       .def("stop", &E::stop);
   (void)none;
+  register_stats(m, [](nb::handle e) -> TransferEngine& { return nb::cast<E&>(e).native(); });
   register_moe(m);  // ferry._ferry._moe (moe_ext.cpp)
 }
