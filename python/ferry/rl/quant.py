@@ -72,7 +72,10 @@ def quantize_torch(w: Any) -> tuple[Any, Any]:
     x[:rows, :cols] = w.float()
     blocks = x.view(br, BLOCK, bc, BLOCK)
     amax = blocks.abs().amax(dim=(1, 3))
-    scale = amax / FP8_MAX
+    # A tensor divisor, not the Python number: CUDA turns division by a CPU scalar into
+    # multiplication by its reciprocal (one bit off for some blocks); tensor / tensor is
+    # IEEE division on CPU and CUDA alike, as NumPy's is.
+    scale = amax / torch.full_like(amax, FP8_MAX)
     scale = torch.where(amax == 0, torch.ones_like(scale), scale)
     q = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn)
     return q.view(br * BLOCK, bc * BLOCK)[:rows, :cols].contiguous(), scale
