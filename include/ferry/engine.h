@@ -168,6 +168,8 @@ class PreparedTransfer {
   std::shared_ptr<const State> s_;
 };
 
+class StepSubmits;  // ferry/step_submits.h
+
 class TransferEngine {
  public:
   explicit TransferEngine(EngineConfig config = {});
@@ -255,6 +257,10 @@ class TransferEngine {
   // arrived, the NIC worker stores the generation (1, 2, ...) with a release
   // store. Replaces any prior mapping of imm; remove_imm_count(imm) frees it.
   uint32_t* imm_counter_gpu(uint32_t imm, uint32_t count);
+  // A watcher word bound to prepared transfers (ferry/step_submits.h): when a
+  // kernel moves it from old to new, the watcher thread posts the steps bound
+  // to old+1..new. The StepSubmits must not outlive the engine.
+  std::shared_ptr<StepSubmits> alloc_uvm_watcher_submits();
 
   // --- observability (ferry/stats.h, docs/OBSERVABILITY.md) -----------------
   // Counters and gauges now; cheap enough to call every second.

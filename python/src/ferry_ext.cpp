@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "ferry/ferry.h"
+#include "kv_ext.h"
 #include "stats_ext.h"
 
 namespace nb = nanobind;
@@ -1421,6 +1422,10 @@ uint8_t nic_index(nb::handle nic, const char* name) {
   return uint8_t(int_arg(nic, name, 0, 255, "[0, 255]"));
 }
 
+PreparedTransfer prepared_of(nb::handle p) {  // for kv_ext.cpp
+  return obj_arg<PyPreparedTransfer>(p, "prepared", kPreparedType).h->p;
+}
+
 }  // namespace
 void register_moe(nb::module_& m);  // moe_ext.cpp
 
@@ -1875,4 +1880,6 @@ NB_MODULE(_ferry, m) {
   (void)none;
   register_stats(m, [](nb::handle e) -> TransferEngine& { return nb::cast<E&>(e).native(); });
   register_moe(m);  // ferry._ferry._moe (moe_ext.cpp)
+  bind_kv(m, EngineAccess{[](nb::handle e) -> TransferEngine& { return nb::cast<E&>(e).native(); },
+                          &prepared_of, &retake_gil});  // ferry.kv (kv_ext.cpp)
 }

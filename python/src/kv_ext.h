@@ -1,0 +1,23 @@
+// Registration of the ferry.kv bindings (kv_ext.cpp) from ferry_ext.cpp,
+// which owns the wrapped engine and prepared-transfer types.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include "ferry/engine.h"
+
+namespace ferry::py {
+
+struct EngineAccess {
+  // The running C++ engine of a ferry._ferry.Engine (raises when stopped).
+  TransferEngine& (*engine_of)(nanobind::handle engine);
+  // The shape of a ferry.PreparedTransfer (raises for other types).
+  PreparedTransfer (*prepared_of)(nanobind::handle prepared);
+  // Takes the GIL back after PyEval_SaveThread, or parks the thread for good
+  // when the interpreter is exiting (ferry_ext.cpp's exit gate).
+  void (*retake_gil)(PyThreadState* ts);
+};
+
+void bind_kv(nanobind::module_& m, const EngineAccess& access);
+
+}  // namespace ferry::py
