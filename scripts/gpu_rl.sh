@@ -18,7 +18,7 @@ nvidia-smi -L | tee "$OUT/gpu.txt"
 rc=0
 timeout ${RL_BENCH_S:-230} "$PY" -m ferry.rl.gpu_bench --out "$OUT" --steps 3 --deadline 210 \
   --watermark-mb ${RL_WATERMARK_MB:-512} 2>&1 | tail -c 20000 | tee "$OUT/gpu-bench.txt" || rc=1
-timeout ${RL_PYTEST_S:-100} "$PY" -m pytest tests/python/rl -q -rs -p no:cacheprovider 2>&1 \
+timeout ${RL_PYTEST_S:-80} "$PY" -m pytest tests/python/rl -q -rs -m "not gpu" -p no:cacheprovider 2>&1 \
   | tail -c 8000 | tee "$OUT/pytest-rl.txt" || rc=1
 CAL=$OUT/calibration.json
 "$PY" - "$OUT" > "$CAL" <<'PY' || echo '{}' > "$CAL"

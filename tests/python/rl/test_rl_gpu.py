@@ -1,0 +1,24 @@
+"""The weight transfer on a GPU (PyTorch CUDA, nvlink provider): python -m ferry.rl.gpu_bench
+with fewer steps; every inference tensor must be bit-exact. Skipped without torch or a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_gpu_bench_bit_exact_and_under_the_watermark(tmp_path):
+    pytest.importorskip("ml_dtypes")
+    from ferry.rl import gpu_bench
+
+    rc = gpu_bench.main(["--out", str(tmp_path), "--steps", "2", "--deadline", "180"])
+    s = json.loads((tmp_path / "rl-gpu-summary.json").read_text())["summary"]
+    assert rc == 0, s.get("errors")
+    assert s["bit_exact"] is True
+    assert s["peak_ring_bytes"] <= s["watermark_bytes"]
+    assert s["numpy_vs_cuda_bit_exact"] == [True, True]
