@@ -20,9 +20,11 @@ carry)
   cp -a python/ferry .moe-carry/ferry && find .moe-carry/ferry -name __pycache__ -prune -exec rm -rf {} +
   cp build/venv-moe/lib/python3.12/site-packages/ferry/_ferry*.so .moe-carry/ferry/
   strip --strip-debug .moe-carry/ferry/_ferry*.so
-  cp build-moe/tests/moe_unit_tests .moe-carry/bin/ && strip .moe-carry/bin/moe_unit_tests
+  cmake --build build-moe --target moe_gpu_tests -j2
+  for t in moe_unit_tests moe_gpu_tests; do cp build-moe/tests/$t .moe-carry/bin/ && strip .moe-carry/bin/$t; done
   cp -a .gpu-carry/lib/libspdlog.so.1.10* .gpu-carry/lib/libfmt.so.9* .gpu-carry/lib/libnuma.so.1* .moe-carry/lib/
   grep -qx '/.moe-carry/' .git/info/exclude || echo /.moe-carry/ >> .git/info/exclude
+  PYTHONPATH=$PWD/.moe-carry build/venv-moe/bin/python -S -c 'import ferry.moe, ferry.moe.bench; print("carry imports", ferry.__file__)'
   du -sh .moe-carry
   ;;
 run)
@@ -32,19 +34,20 @@ run)
   [ -x /opt/torch/.venv/bin/python3 ] && export PATH=/opt/torch/.venv/bin:$PATH
   export PYTHONPATH=$PWD/.moe-carry LD_LIBRARY_PATH=$PWD/.moe-carry/lib:${LD_LIBRARY_PATH:-} \
          FERRY_LOG=warn PYTHONUNBUFFERED=1
-  if [ "$MODE" = full ]; then REPLAYS=1000 ITERS=2000; else REPLAYS=20 ITERS=300; fi
-  nvidia-smi -L > "$OUT/machine.txt" 2>&1; python3 -c 'import torch; print(torch.__version__)' >> "$OUT/machine.txt" 2>&1
+  if [ "$MODE" = full ]; then REPLAYS=1000 ITERS=${ITERS:-1000}; else REPLAYS=20 ITERS=${ITERS:-300}; fi
+  { nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT/summary.txt" 2>&1
   timeout 120 .moe-carry/bin/moe_unit_tests > "$OUT/unit.log" 2>&1; echo "unit rc=$?" | tee -a "$OUT/summary.txt"
-  FERRY_MOE_REPLAYS=$REPLAYS timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -v -s -p no:cacheprovider \
+  timeout 60 .moe-carry/bin/moe_gpu_tests >> "$OUT/unit.log" 2>&1; echo "gpu C++ rc=$?" | tee -a "$OUT/summary.txt"
+  FERRY_MOE_REPLAYS=$REPLAYS FERRY_MOE_REPLAYS_EP2=20 timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -v -s -p no:cacheprovider \
     tests/python/moe > "$OUT/pytest.log" 2>&1; echo "pytest rc=$?" | tee -a "$OUT/summary.txt"
   for m in nvlink proxy; do
     timeout ${BENCH_TIMEOUT:-60} python3 -m ferry.moe.bench --world 4 --mode $m --tokens 128 --iters $ITERS \
-      --output "$OUT/bench-decode-$m.json" > "$OUT/bench-decode-$m.log" 2>&1
+      --output "$OUT/bench-decode-$m.json" >> "$OUT/bench.log" 2>&1
     echo "bench decode $m rc=$?" | tee -a "$OUT/summary.txt"
   done
   timeout ${BENCH_TIMEOUT:-60} python3 -m ferry.moe.bench --world 4 --mode nvlink --tokens 4096 \
     --iters $((ITERS / 10)) --warmup 5 --output "$OUT/bench-prefill-nvlink.json" \
-    > "$OUT/bench-prefill-nvlink.log" 2>&1
+    >> "$OUT/bench.log" 2>&1
   echo "bench prefill nvlink rc=$?" | tee -a "$OUT/summary.txt"
   ;;
 *)

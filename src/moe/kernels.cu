@@ -108,11 +108,16 @@ struct SmemPlan {
   uint32_t ovf[kMaxExperts];
 };
 
-// Every block keeps the plan in shared memory (a few KiB).
+__device__ __forceinline__ uint32_t plan_size(const KernelParams& p) {
+  return p.N * p.L + 2 * p.N + 2 * p.L;
+}
+
+// Every block keeps the plan in shared memory (a few KiB), from the copy
+// dispatch_recv staged in the workspace.
 __device__ PlanView load_plan(const KernelParams& p, SmemPlan& sp) {
-  const uint32_t n = p.N * p.L + 2 * p.N + 2 * p.L;
-  // Volatile: the proxy rewrites these words every iteration (no stale L1 line).
-  const volatile uint32_t* plan = p.plan;
+  const uint32_t n = plan_size(p);
+  // Volatile: rewritten every iteration (no stale L1 line).
+  const volatile uint32_t* plan = p.ws->plan;
   for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) sp.words[i] = plan[i];
   __syncthreads();
   const PlanView v = PlanView::of(sp.words, p.N, p.L, p.me, p.S, p.P);
@@ -212,11 +217,20 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_recv(KernelParams p, Dis
   Workspace* ws = p.ws;
   const uint32_t e = ws->epoch + 1;
   const uint32_t node0 = p.me / p.S * p.S;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    bool ok = wait_ge(p, p.plan_epoch, e, 1);
-    for (uint32_t i = 0; ok && i < p.S; ++i)
-      if (node0 + i != p.me) ok = wait_ge(p, p.sync + kSyncDs + i, e, 2);
-    if (!ok) ws->abort = 1;
+  if (blockIdx.x == 0) {
+    if (threadIdx.x == 0) {
+      bool ok = wait_ge(p, p.plan_epoch, e, 1);
+      for (uint32_t i = 0; ok && i < p.S; ++i)
+        if (node0 + i != p.me) ok = wait_ge(p, p.sync + kSyncDs + i, e, 2);
+      if (!ok) ws->abort = 1;
+    }
+    __syncthreads();
+    // Ordered after plan_epoch's acquire by the barrier; volatile: the proxy
+    // rewrites the words every iteration.
+    const volatile uint32_t* plan = p.plan;
+    volatile uint32_t* staged = ws->plan;
+    const uint32_t n = plan_size(p);
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) staged[i] = plan[i];
   }
   grid_sync(ws);
   if (aborted(ws)) return;

@@ -20,6 +20,10 @@ struct Workspace {
   uint32_t pad_[3];
   uint32_t expert_off[kMaxExperts + 1];
   uint32_t token_pos[kMaxPairs];
+  // The plan, staged from mapped host memory by dispatch_recv's block 0: the
+  // other blocks (and combine_send) read it from device memory instead of
+  // each issuing its own PCIe reads.
+  uint32_t plan[3 * kMaxExperts + 2 * kMaxExperts];
 };
 
 // Own sync words (device, IPC-mapped by node peers): ds[i] / cs[i] = the last

@@ -2,8 +2,11 @@
 
 Each rank is a spawned process on cuda:0. Per iteration (routes re-randomised
 from a pool of pre-generated index sets on the device), CUDA events time:
-dispatch send, dispatch recv, combine send, combine recv as separate halves,
-and dispatch / combine back to back ("both"). Rank 0 reports p50/p99 over
+dispatch send, dispatch recv, combine send, combine recv as separate halves
+with a host synchronisation and a barrier of all ranks between them (a layer's
+worth of idle GPU, as between the halves of a micro-batched model), and
+dispatch / combine back to back ("both"), where a rank's recv kernel also
+waits for the other processes' send kernels to get the GPU. Rank 0 reports p50/p99 over
 every rank's samples, bytes and GB/s, beside the baseline measured in the
 same run: the same dispatch and combine of the combined batch (world x
 tokens) in one process with plain PyTorch gather/scatter (argsort,
@@ -70,20 +73,26 @@ def _worker(rank: int, a, init: str, q) -> None:
         for it in range(a.warmup + a.iters):
             idx = pool[it % len(pool)]
             rec = it >= a.warmup
-            if it % 2 == 0:  # split halves
-                ev[0].record()
-                a2a.dispatch(num, ox, osc_, x, sc, idx, w, do_recv=False)
-                ev[1].record()
-                a2a.dispatch(num, ox, osc_, x, sc, idx, w, do_send=False)
-                ev[2].record()
-                a2a.combine(out, idx, w, y, do_recv=False)
-                ev[3].record()
-                a2a.combine(out, idx, w, y, do_send=False)
-                ev[4].record()
-                ev[4].synchronize()
-                if rec:
-                    for i, k in enumerate(("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")):
-                        samples[k].append(ev[i].elapsed_time(ev[i + 1]) * 1000)
+            if it % 2 == 0:
+                # Split halves with a "layer" between them: every rank finishes a
+                # half (and the gloo barrier passes) before anyone starts the
+                # next, so each half is timed without waiting for another
+                # process's time slice on the shared GPU.
+                halves = (
+                    lambda: a2a.dispatch(num, ox, osc_, x, sc, idx, w, do_recv=False),
+                    lambda: a2a.dispatch(num, ox, osc_, x, sc, idx, w, do_send=False),
+                    lambda: a2a.combine(out, idx, w, y, do_recv=False),
+                    lambda: a2a.combine(out, idx, w, y, do_send=False),
+                )
+                names = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")
+                for name, half in zip(names, halves):
+                    ev[0].record()
+                    half()
+                    ev[1].record()
+                    ev[1].synchronize()
+                    dist.barrier()
+                    if rec:
+                        samples[name].append(ev[0].elapsed_time(ev[1]) * 1000)
             else:  # back to back
                 ev[0].record()
                 a2a.dispatch(num, ox, osc_, x, sc, idx, w)

@@ -5,6 +5,7 @@ reports (name, errors) per configuration through the queue."""
 from __future__ import annotations
 
 import os
+import time
 import zlib
 import traceback
 
@@ -196,7 +197,10 @@ def main(rank: int, world: int, init: str, configs: list, mode: str, iters: int,
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         for name, shape in configs:
+            t0 = time.time()
             errs = run_config(torch, dist, name, shape, mode, iters, replays if name.endswith("graph") else 0, provider)
+            print(f"[moe] EP={world} {mode} rank {rank} {name}: {'ok' if not errs else errs[:2]} "
+                  f"({time.time() - t0:.1f} s)", flush=True)
             q.put((rank, name, errs))
     except Exception:
         q.put((rank, "fatal", [traceback.format_exc()[-2000:]]))

@@ -9,7 +9,8 @@ inputs every rank rebuilds): expert token counts exact, every routed row in
 its expert's block (bytes, scales included), combine equal to the reference
 and bit-identical when repeated. Skipped without torch or CUDA.
 
-FERRY_MOE_REPLAYS sets the graph replays (default 20; scripts/gpu_moe.sh full: 1000).
+FERRY_MOE_REPLAYS sets the graph replays (default 20; scripts/gpu_moe.sh full: 1000 at EP=4),
+FERRY_MOE_REPLAYS_EP<n> those of one world size.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def run_world(world: int, mode: str) -> dict:
     from moe_worker import main
 
     cfgs = configs(world)
+    replays = int(os.environ.get(f"FERRY_MOE_REPLAYS_EP{world}", REPLAYS))
     procs = [
-        ctx.Process(target=main, args=(r, world, init, cfgs, mode, ITERS, REPLAYS, "shm", q))
+        ctx.Process(target=main, args=(r, world, init, cfgs, mode, ITERS, replays, "shm", q))
         for r in range(world)
     ]
     for p in procs:
@@ -70,7 +72,7 @@ def run_world(world: int, mode: str) -> dict:
     got = 0
     try:
         while got < want:
-            rank, name, errs = q.get(timeout=400)
+            rank, name, errs = q.get(timeout=int(os.environ.get("FERRY_MOE_WAIT", "150")))
             results.setdefault(name, []).extend(f"rank {rank}: {e}" for e in errs)
             got += 1
             if name == "fatal":
