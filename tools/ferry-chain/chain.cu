@@ -3,7 +3,7 @@
 // raw relay floor measured in the same run (docs/PERFORMANCE.md, "Chain").
 //
 //   ferry-chain [--provider nvlink|shm] [--op imm|write4k] [--gpu N]
-//               [--iters N] [--poll busy|adaptive] [--out FILE]
+//               [--gpu-b N] [--iters N] [--poll busy|adaptive] [--out FILE]
 //
 // Two processes, A and B, both on GPU N. One round trip i:
 //   A's kernel stores i into a UVM watcher word -> A's watcher callback
@@ -17,6 +17,10 @@
 // word and publishes i, B's thread sees it and stores B's flag, and back.
 // Host-clock stamps (CLOCK_MONOTONIC, one clock for both processes) give the
 // forward leg A callback -> B callback and the cost of the submit call.
+// Two processes' kernels on one GPU do not run at the same time unless MPS
+// serves both: each hop then waits for the GPU's time slice (about 2.2 ms on
+// an H200), floor and engine alike. Run it under MPS, or with A and B on two
+// GPUs (--gpu-b), to see the engine.
 #include <cuda_runtime.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -52,7 +56,7 @@ void check(cudaError_t e, const char* what) {
 
 struct Options {
   std::string provider = "nvlink", op = "imm", poll = "busy", out;
-  int gpu = 0, iters = 5000;
+  int gpu = 0, gpu_b = -1, iters = 5000;  // gpu_b: B's GPU (-1: the same as A's)
 };
 
 constexpr int kWarm = 200;
@@ -342,6 +346,7 @@ int main(int argc, char** argv) {
   const pid_t child = ::fork();
   const bool is_a = child != 0;
   const int fd = is_a ? sv[0] : sv[1];
+  if (!is_a && o.gpu_b >= 0) o.gpu = o.gpu_b;
   // CUDA starts after the fork, in each process.
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices <= o.gpu) {
@@ -353,9 +358,11 @@ int main(int argc, char** argv) {
 
   std::vector<uint64_t> floor_ns = floor_side(o, sh, fd, is_a);
   std::vector<double> floor_fwd, none;
-  if (is_a) legs(sh, o.iters, false, &floor_fwd, &none);
-  std::memset(sh->a_cb, 0, sizeof(sh->a_cb));
-  std::memset(sh->b_cb, 0, sizeof(sh->b_cb));
+  if (is_a) {  // B waits at the sync point below: the stamps are A's to read and clear
+    legs(sh, o.iters, false, &floor_fwd, &none);
+    std::memset(sh->a_cb, 0, sizeof(sh->a_cb));
+    std::memset(sh->b_cb, 0, sizeof(sh->b_cb));
+  }
   sync_point(fd);
   std::vector<uint64_t> ferry_ns = ferry_side(o, sh, fd, is_a);
   if (!is_a) return 0;
