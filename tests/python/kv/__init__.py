@@ -1,0 +1,1 @@
+"""ferry.kv tests (a package, so that its conftest does not take the name of tests/python/conftest.py)."""
