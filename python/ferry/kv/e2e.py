@@ -140,8 +140,12 @@ def greedy(model, first_token, cache, ntok, steps, device):
 def page_sums(pages, page_ids):
     import torch
 
+    # Per page: the sum of its bf16 bit patterns and a position-weighted sum (a byte
+    # swapped, moved or zeroed within the page changes the second).
     p = pages.index_select(2, page_ids).view(torch.int16).to(torch.int64)
-    return p.sum(dim=(3, 4, 5)).cpu().tolist()  # [L][2][n]
+    p = p.flatten(3)
+    w = (torch.arange(p.shape[3], device=p.device, dtype=torch.int64) * 2654435761) % 65521 + 1
+    return [p.sum(dim=3).cpu().tolist(), (p * w).sum(dim=3).cpu().tolist()]  # 2 x [L][2][n]
 
 
 # ---------------------------------------------------------------------- prefill process

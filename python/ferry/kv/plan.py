@@ -96,8 +96,16 @@ def plan_link(
     for c in range(chunks):
         lo, hi = c * chunk_pages, min(n, (c + 1) * chunk_pages)
         sp = sp_all[lo:hi]
+        per_group: dict = {}  # the page runs of a chunk are the same for every layer of a group
         for layer in range(L):
-            dp = np.ascontiguousarray(dst_pages[dst.group_of(layer)][lo:hi], dtype=np.uint32)
+            g = dst.group_of(layer)
+            if g not in per_group:
+                dp_g = np.ascontiguousarray(dst_pages[g][lo:hi], dtype=np.uint32)
+                runs = page_runs(sp, dp_g) if packed and coalesce else []
+                ones = np.asarray([a for a, n in runs if n == 1], dtype=np.int64)
+                per_group[g] = (dp_g, [(a, n) for a, n in runs if n > 1], ones,
+                                sp[ones] if len(ones) else None, dp_g[ones] if len(ones) else None)
+            dp, long_runs, ones, sp1, dp1 = per_group[g]
             step: list = []
             for kind in (0, 1):
                 sreg = (src.k_regions, src.v_regions)[kind][layer]
@@ -105,11 +113,7 @@ def plan_link(
                 dreg = (dst.k_regions, dst.v_regions)[kind][layer]
                 doff = (dst.k_offsets, dst.v_offsets)[kind][layer]
                 if packed and coalesce:
-                    single_idx = []
-                    for start, length in page_runs(sp, dp):
-                        if length == 1:
-                            single_idx.append(start)
-                            continue
+                    for start, length in long_runs:
                         nbytes = length * src.page_bytes
                         k = _ferry.ImmPlan.single_write(nbytes, route, nics)
                         step.append(Write(True, sreg, soff + int(sp[start]) * src.page_stride,
@@ -117,12 +121,11 @@ def plan_link(
                                           imms=k))
                         imms += k
                         pages += length
-                    if single_idx:
-                        idx = np.asarray(single_idx)
-                        step.append(Write(False, sreg, soff, plen, dreg, doff, sp[idx], dp[idx],
-                                          src.page_stride, dst.page_stride, imms=len(idx)))
-                        imms += len(idx)
-                        pages += len(idx)
+                    if len(ones):
+                        step.append(Write(False, sreg, soff, plen, dreg, doff, sp1, dp1,
+                                          src.page_stride, dst.page_stride, imms=len(ones)))
+                        imms += len(ones)
+                        pages += len(ones)
                 else:
                     for ps, pd in pieces:
                         step.append(Write(False, sreg, soff + ps, plen, dreg, doff + pd, sp, dp,

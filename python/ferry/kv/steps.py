@@ -10,14 +10,26 @@ write ended) from ``wait_finished`` and hands them to the sender.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import threading
+import weakref
 from typing import Callable, Optional
 
 from .. import _ferry
 from .._errors import BY_CODE, FerryError
 
 __all__ = ["StepClock", "StepPoster"]
+
+_live_clocks: "weakref.WeakSet[StepClock]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_clocks() -> None:
+    # Registered after ferry's own hook, so it runs first: reapers end while their
+    # engines still run, and no thread is left inside wait_finished at exit.
+    for c in list(_live_clocks):
+        c.close()
 
 
 class StepClock:
@@ -33,6 +45,7 @@ class StepClock:
         self._closed = False
         self._reaper = threading.Thread(target=self._reap, name="ferry-kv-reaper", daemon=True)
         self._reaper.start()
+        _live_clocks.add(self)
 
     @property
     def word(self) -> int:
@@ -67,17 +80,33 @@ class StepClock:
             raise
 
     def _reap(self) -> None:
-        while not self._closed:
-            for token, code, msg in self._s.wait_finished(0.2):
+        drain = 40  # after close: up to 2 s for the last jobs' writes to end
+        while True:
+            closed = self._closed
+            if closed:
+                drain -= 1
+                if drain < 0:
+                    return
+            for token, code, msg in self._s.wait_finished(0.05 if closed else 0.2):
                 with self._lock:
                     p = self._posters.pop(token, None)
                 if p is not None:
                     err = None if not code else BY_CODE.get(code, FerryError)(msg)
                     p._finished(err)
+            if closed:
+                with self._lock:
+                    if not self._posters:
+                        return
 
     def close(self) -> None:
+        """Cancel every job still bound (each finishes once its posted writes ended) and
+        stop the reaper once it handed them over."""
+        if self._closed:
+            return
         self._s.close()
         self._closed = True
+        if threading.current_thread() is not self._reaper:
+            self._reaper.join(5.0)
 
 
 class StepPoster:

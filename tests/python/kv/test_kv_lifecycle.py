@@ -48,6 +48,12 @@ def wait_pending(peer, timeout=20):
         assert time.monotonic() < end, "the request never reached the prefiller"
 
 
+def wait_refusal(peer, name, n=1, timeout=20):
+    end = time.monotonic() + timeout
+    while peer.call("stats")[0]["refusals"].get(name, 0) < n:
+        assert time.monotonic() < end, f"no {name} refusal"
+
+
 def snapshot(d, pages):
     return d.view()[:, :, np.asarray(pages, dtype=np.int64)].copy()
 
@@ -116,18 +122,16 @@ def test_prefiller_aborts_and_refusals(kind, make_peer, make_decode):
     link = d.links[0]
     dup = wire.Request(12, req.imm, 5000, NTOK, 5, slot, 0, [np.asarray(pages, np.uint32)])
     d.rx._send(link, Msg.REQUEST, dup)
+    wait_refusal(peer, "DUPLICATE")  # refused while the original is live
     peer.call("release", 12)
     req.wait(20)  # the duplicate was refused; the original completes
     d.check(12, pages, NTOK, slot, kvsim.CTX_BYTES)
     (res, _), = peer.call("result", 12, 30)
     assert res == "ok"
+    stale = peer.call("stats")[0]["refusals"].get("STALE", 0)
     d.rx._send(link, Msg.REQUEST, dup)  # stale: finished already
-    end = time.monotonic() + 10
-    while True:
-        (st,) = peer.call("stats")
-        if st["refusals"].get("STALE", 0) >= 1 or time.monotonic() > end:
-            break
-    assert st["refusals"].get("DUPLICATE", 0) >= 1 and st["refusals"].get("STALE", 0) >= 1
+    wait_refusal(peer, "STALE", stale + 1)
+    d.check(12, pages, NTOK, slot, kvsim.CTX_BYTES)
     (st,) = peer.call("stats")
     assert st["jobs"] == 0 and st["pending"] == 0
 
