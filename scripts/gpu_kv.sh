@@ -37,11 +37,13 @@ run)
   mkdir -p "$OUT"
   nvidia-smi -L
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-  python3 -m ferry.kv.e2e --lengths "${LENGTHS:-1000,4000,16000}" --reps "${REPS:-5}" \
+  timeout "${E2E_S:-330}" python3 -m ferry.kv.e2e --lengths "${LENGTHS:-1000,4000,16000}" --reps "${REPS:-5}" \
     --out "$OUT/kv_e2e.json" 2>&1 | tee "$OUT/kv_e2e.txt" || true
   # CPU posting cost and whole-request throughput on the host's cores (shm, same run).
-  timeout "${BENCH_S:-100}" python3 -m ferry.kv.bench --provider shm --reps 3 \
-    2>&1 | tee "$OUT/kv_bench_shm.txt" || true
+  if [ -z "${SKIP_BENCH:-}" ]; then
+    timeout "${BENCH_S:-100}" python3 -m ferry.kv.bench --provider shm --reps 3 \
+      2>&1 | tee "$OUT/kv_bench_shm.txt" || true
+  fi
   ;;
 *)
   echo "usage: $0 carry|run" >&2

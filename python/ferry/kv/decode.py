@@ -22,7 +22,7 @@ from .._engine import TransferEngine
 from . import wire
 from .errors import LayoutMismatch, PeerDead, RequestAborted, RequestRefused, TransferTimeout
 from .layout import KvLayout, check_regions, head_sources
-from .prefill import RECV_BUFFERS, new_session
+from .prefill import RECV_BUFFERS, _nbytes, new_session
 from .wire import Msg, Refusal
 
 __all__ = ["KvReceiver", "KvRequest", "PrefillLink", "KV_IMM_BASE"]
@@ -287,14 +287,14 @@ class KvReceiver:
         for b in buffers:
             _, d = engine.register(b)
             self._descs.append(d)
-            sizes.append(int(getattr(b, "nbytes", memoryview(b).nbytes)))
+            sizes.append(_nbytes(b))
         check_regions(layout, sizes)
         self.context_slot_bytes = int(context_slot_bytes)
         self._ctx_desc = None
         self.context_slots = 0
         if context is not None:
             _, self._ctx_desc = engine.register(context)
-            n = int(getattr(context, "nbytes", memoryview(context).nbytes))
+            n = _nbytes(context)
             self.context_slots = n // max(1, self.context_slot_bytes)
         if imm_base < 0 or imm_base + imm_slots > 2**32:
             raise ValueError("immediates past 32 bits")

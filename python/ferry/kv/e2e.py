@@ -48,9 +48,9 @@ def build_model(args, device):
     cfg, arch = model_config(args)
     torch.manual_seed(1234)
     with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16,
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16,
                                                               attn_implementation="sdpa")
-    model.eval()
+    model.eval().requires_grad_(False)
     return model, cfg, arch
 
 
@@ -375,33 +375,45 @@ def main(argv=None) -> int:
           flush=True)
     ok = True
     for i, ntok in enumerate(args.lengths):
-        rid0 = 1000 * (i + 1)
-        pq.put(("serve", ntok, args.reps))
-        dq.put(("run", rid0, ntok, args.reps))
-        _, d = get(dr, f"decode {ntok}")
-        _, s = get(pr, f"serve {ntok}")
-        # Colocated reference: the same prompt (the last rep's seed), same graph.
-        pq.put(("colocated", rid0 + args.reps - 1, ntok, args.reps))
-        _, c = get(pr, f"colocated {ntok}")
-        same_tokens = d["tokens"] == c["tokens"]
-        same_pages = d["sums"] == c["sums"]
-        ok &= same_tokens and same_pages
-        med = lambda xs: xs[len(xs) // 2]  # noqa: E731
-        run = {"tokens": ntok, "same_tokens": same_tokens, "same_pages": same_pages,
-               "ttft_disagg_ms": med(d["ttft_s"]) * 1e3, "ttft_coloc_ms": med(c["ttft_s"]) * 1e3,
-               "overhead": med(d["ttft_s"]) / med(c["ttft_s"]) - 1,
-               "prefill_graph_ms": med([x["graph_s"] for x in s["serve"]]) * 1e3,
-               "accept_ms": med([x["accept_s"] for x in s["serve"]]) * 1e3,
-               "drain_after_graph_ms": med([x["drain_s"] for x in s["serve"]]) * 1e3,
-               "writes": s["serve"][-1]["stats"], "decoded": d["tokens"][:8]}
-        results["runs"].append(run)
-        print(json.dumps(run), flush=True)
-    pq.put(("stop",))
-    dq.put(("stop",))
+        try:
+            ok &= _one_length(args, i, ntok, pq, pr, dq, dr, get, results)
+        except Exception:  # noqa: BLE001: report what ran, then stop
+            results["error"] = traceback.format_exc()
+            print(results["error"], flush=True)
+            ok = False
+            break
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
+    pq.put(("stop",))
+    dq.put(("stop",))
     return 0 if ok else 1
+
+
+def _one_length(args, i, ntok, pq, pr, dq, dr, get, results) -> bool:
+    rid0 = 1000 * (i + 1)
+    pq.put(("serve", ntok, args.reps))
+    dq.put(("run", rid0, ntok, args.reps))
+    _, d = get(dr, f"decode {ntok}")
+    _, s = get(pr, f"serve {ntok}")
+    # Colocated reference: the same prompt (the last rep's seed), same graph.
+    pq.put(("colocated", rid0 + args.reps - 1, ntok, args.reps))
+    _, c = get(pr, f"colocated {ntok}")
+    same_tokens = d["tokens"] == c["tokens"]
+    same_pages = d["sums"] == c["sums"]
+    med = lambda xs: xs[len(xs) // 2]  # noqa: E731
+    run = {"tokens": ntok, "same_tokens": same_tokens, "same_pages": same_pages,
+           "ttft_disagg_ms": med(d["ttft_s"]) * 1e3, "ttft_coloc_ms": med(c["ttft_s"]) * 1e3,
+           "overhead": med(d["ttft_s"]) / med(c["ttft_s"]) - 1,
+           "prefill_graph_ms": med([x["graph_s"] for x in s["serve"]]) * 1e3,
+           "accept_ms": med([x["accept_s"] for x in s["serve"]]) * 1e3,
+           "drain_after_graph_ms": med([x["drain_s"] for x in s["serve"]]) * 1e3,
+           "writes": s["serve"][-1]["stats"], "decoded": d["tokens"], "colocated": c["tokens"],
+           "first_difference": next((k for k, (a, b) in enumerate(zip(d["tokens"], c["tokens"]))
+                                     if a != b), None)}
+    results["runs"].append(run)
+    print(json.dumps(run), flush=True)
+    return same_tokens and same_pages
 
 
 if __name__ == "__main__":
