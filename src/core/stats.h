@@ -230,24 +230,29 @@ struct TraceEvent {
 };
 
 // Bounded: once full, each event overwrites the oldest (counted as dropped).
-// Written by one thread, read only after that thread has stopped.
+// Written by one thread, read only after that thread has stopped; dropped()
+// may be read at any time.
 class TraceRing {
  public:
   explicit TraceRing(size_t capacity) : events_(capacity == 0 ? 1 : capacity) {}
   void push(const TraceEvent& e) {
-    events_[size_t(next_ % events_.size())] = e;
-    ++next_;
+    const uint64_t n = next_.load(std::memory_order_relaxed);
+    events_[size_t(n % events_.size())] = e;
+    next_.store(n + 1, std::memory_order_relaxed);
   }
-  uint64_t dropped() const { return next_ > events_.size() ? next_ - events_.size() : 0; }
+  uint64_t dropped() const {
+    const uint64_t n = next_.load(std::memory_order_relaxed);
+    return n > events_.size() ? n - events_.size() : 0;
+  }
   template <typename F>
   void for_each(F&& f) const {
-    const uint64_t first = dropped();
-    for (uint64_t i = first; i < next_; ++i) f(events_[size_t(i % events_.size())]);
+    const uint64_t end = next_.load(std::memory_order_relaxed);
+    for (uint64_t i = dropped(); i < end; ++i) f(events_[size_t(i % events_.size())]);
   }
 
  private:
   std::vector<TraceEvent> events_;
-  uint64_t next_ = 0;
+  std::atomic<uint64_t> next_{0};
 };
 
 }  // namespace ferry::core

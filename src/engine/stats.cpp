@@ -172,6 +172,7 @@ EngineStats snapshot(const StatsSources& src) {
       if (const uint64_t key = c.imms.key(i); key != 0)
         imms.push_back(ImmValueStats{uint32_t(key - 1), c.imms.count(i)});
     s.imms_other += c.imms.other();
+    if (const core::TraceRing* ring = w.trace_ring()) s.trace_events_dropped += ring->dropped();
   }
   // Workers count the same value separately: merge, then keep the busiest.
   std::sort(imms.begin(), imms.end(),
@@ -200,7 +201,7 @@ EngineStats snapshot(const StatsSources& src) {
   }
   static const core::StatHistogram kNone;
   s.watcher_poll_lag = histogram_of(src.watcher_poll_lag ? *src.watcher_poll_lag : kNone);
-  s.trace_events_dropped = src.trace_events_dropped;
+  s.trace_events_dropped += src.trace_events_dropped;
   return s;
 }
 

@@ -339,6 +339,29 @@ TEST_P(StatsTest, TheTraceFileHoldsTransfersImmediatesAndUserSpans) {
   std::filesystem::remove(path);
 }
 
+TEST_P(StatsTest, TheTraceRingIsBoundedAndSaysWhatItDropped) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("ferry_ring_" + GetParam() + "_" + std::to_string(::getpid()) + ".json");
+  {
+    EngineConfig c = config();
+    c.trace_file = path.string();
+    c.trace_events = 8;
+    TransferEngine e(c);
+    Region dst = region(e, kPage, 0);
+    Tally t;
+    for (int i = 0; i < 20; ++i) e.submit_imm(30, dst.d, t.cb());
+    ASSERT_TRUE(t.wait(20));
+    // 20 transfers and 20 immediate arrivals into a ring of 8.
+    EXPECT_TRUE(test::wait_until([&] { return e.stats().trace_events_dropped == 32; }, 10s))
+        << e.stats().trace_events_dropped;
+  }
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("trace ring dropped 32 older events"), std::string::npos);
+  std::filesystem::remove(path);
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, StatsTest, ::testing::Values("tcp", "shm"),
                          [](const auto& info) { return info.param; });
 
