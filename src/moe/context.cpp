@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "ferry/moe.h"
@@ -79,7 +80,15 @@ struct AllToAll::Impl {
   MrDesc d_routes, d_recv, d_crecv;
   std::vector<void*> opened;  // peers' mapped blocks
   uint64_t* progress = nullptr;
-  std::atomic<Proxy*> proxy_ptr{nullptr};
+  // What the watcher callback reaches. Shared with the callback, which the
+  // engine's watcher thread may run after this object is gone: it finds the
+  // proxy cleared and releases the word.
+  struct Wake {
+    std::mutex mu;
+    Proxy* proxy = nullptr;
+    bool done = false;
+  };
+  std::shared_ptr<Wake> wake = std::make_shared<Wake>();
   std::unique_ptr<Proxy> proxy;
   KernelParams kp{};
   bool connected = false, destroyed = false;
@@ -141,7 +150,14 @@ struct AllToAll::Impl {
     if (destroyed) return;
     destroyed = true;
     if (proxy) proxy->stop();
-    proxy_ptr.store(nullptr);
+    {
+      std::lock_guard lk(wake->mu);
+      wake->proxy = nullptr;
+      wake->done = true;
+    }
+    // Move the word once more: the callback runs, sees `done` and releases it
+    // (an armed word keeps the watcher thread spinning).
+    if (progress) std::atomic_ref<uint64_t>(*progress).fetch_add(1, std::memory_order_release);
     proxy.reset();
     try {
       for (MrHandle h : {h_routes, h_send, h_recv, h_csend, h_crecv})
@@ -215,9 +231,10 @@ struct AllToAll::Impl {
       kp.peer_recv[i] = base + off_recv;
       kp.peer_crecv[i] = base + off_crecv;
     }
-    progress = engine.alloc_uvm_watcher([this](uint64_t, uint64_t) {
-      if (Proxy* p = proxy_ptr.load(std::memory_order_acquire)) p->notify();
-      return true;
+    progress = engine.alloc_uvm_watcher([w = wake](uint64_t, uint64_t) {
+      std::lock_guard lk(w->mu);
+      if (w->proxy) w->proxy->notify();
+      return !w->done;
     });
     const ExpectedImms imms = expected_imms(g);
     if (imms.dispatch) {
@@ -261,7 +278,10 @@ struct AllToAll::Impl {
     ProxyWords pw{progress, words, plan_epoch, tx_ready, proxy_error};
     ProxyBuffers pb{h_routes, routes, h_send, sizes.dispatch_stride, h_csend, sizes.combine_stride};
     proxy = std::make_unique<Proxy>(engine, pc, pw, pb, std::move(peers));
-    proxy_ptr.store(proxy.get(), std::memory_order_release);
+    {
+      std::lock_guard lk(wake->mu);
+      wake->proxy = proxy.get();
+    }
     connected = true;
   }
 

@@ -375,7 +375,7 @@ TEST(MoeProxyFailure, FailedTransfersSurfaceAsTypedErrorsOnBothSides) {
   // Every write of rank 1 fails locally (injected): rank 1's proxy reports the
   // transfer error at the end of the iteration; rank 0 then waits for a
   // barrier that never comes and reports kDeadlineExceeded. Nobody hangs.
-  World w("fake", 2, 1, 4, 2, 8, 1, 2, 500ms, "seed=1,fail=1");
+  World w("fake", 2, 1, 4, 2, 8, 1, 2, 2s, "seed=1,fail=1");
   std::mt19937_64 rng(5);
   w.route(rng, false);
   EXPECT_FALSE(w.iterate(1) && w.iterate(2));
