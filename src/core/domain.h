@@ -42,6 +42,11 @@ struct DomainInfo {
   // The worker hands paged writes over as page lists (post_paged) instead of one
   // WriteDesc per page: for domains whose per-page work is cheaper done in bulk.
   bool native_paged = false;
+  // Any thread may call the domain, one at a time (libfabric FI_THREAD_DOMAIN
+  // serialised by the caller): a submitter may then post on it itself while
+  // the worker idles (EngineConfig::spin_before_block). NVLink's CUDA calls
+  // need the worker's device context, so it stays on its worker.
+  bool any_thread = false;
 };
 
 // A registration on one NIC. Destroying it deregisters.

@@ -170,7 +170,23 @@ void Worker::submit(Command&& cmd) {
   // reordered (idle_wait has the mirror fence): otherwise the worker can go
   // to sleep with this command queued and nobody to wake it.
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  // The worker yields or sleeps: post this request here rather than wait for
+  // it to be scheduled (on a machine with fewer cores than threads, that wait
+  // is a context switch). A worker already blocked in poll(2) is still woken
+  // below: its fi_trywait came before this post.
+  if (inline_posts_ && !t_worker_thread && loop_mu_.try_lock()) {
+    if (!stop_.load(std::memory_order_acquire)) post_inline();  // stopped: the domains may be gone
+    loop_mu_.unlock();
+  }
   if (sleeping_.load(std::memory_order_relaxed)) wake_.notify();
+}
+
+void Worker::post_inline() {
+  t_worker_thread = true;  // nothing it starts may wait for admission
+  drain_commands();
+  progress_posts();
+  t_worker_thread = false;
+  wake_counters().inline_posts.fetch_add(1, std::memory_order_relaxed);
 }
 
 Status Worker::call(std::function<Status()> fn, std::chrono::milliseconds timeout) {
@@ -223,10 +239,19 @@ void Worker::run(std::promise<Status>* init) {
   rr = &rr_;
   send_pool = shared_->send_pool;
   send_free = shared_->send_free;
+  inline_posts_ =
+      shared_->config.poll_mode == PollMode::kAdaptive && !nics_.empty() &&
+      std::all_of(infos_.begin(), infos_.end(), [](const DomainInfo& i) { return i.any_thread; });
+  std::unique_lock loop(loop_mu_);
   init->set_value(st);
   if (!st.is_ok()) return;
 
   t_worker_thread = true;
+  auto yield_cpu = [&] {
+    loop.unlock();
+    ::sched_yield();
+    loop.lock();
+  };
   // Naps and poll(2) timeouts are short; the default 50 µs of slack would
   // make a 20 µs nap last 70.
   ::prctl(PR_SET_TIMERSLACK, 5'000UL, 0, 0, 0);
@@ -247,9 +272,9 @@ void Worker::run(std::promise<Status>* init) {
       naps_in_row_ = 0;
     } else if (shared_->config.poll_mode == PollMode::kAdaptive && now - last_busy >= spin.spin) {
       // A NIC that cannot block is polled, yielding, before the worker naps.
-      if (!idle_wait(now - last_busy >= spin.spin + kYieldBeforeNap)) ::sched_yield();
+      if (!idle_wait(now - last_busy >= spin.spin + kYieldBeforeNap, loop)) yield_cpu();
     } else if (spin.yield && shared_->config.poll_mode == PollMode::kAdaptive) {
-      ::sched_yield();
+      yield_cpu();
     }
   }
 
@@ -311,7 +336,7 @@ Status Worker::open_nics() {
   return {};
 }
 
-bool Worker::idle_wait(bool may_nap) {
+bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
   // Can every NIC block? Asked first: fi_trywait may progress the provider,
   // which can make a completion appear.
   pollfd fds[1 + kMaxNics];
@@ -345,7 +370,9 @@ bool Worker::idle_wait(bool may_nap) {
       timeout = std::clamp(until, std::chrono::milliseconds(1), timeout);
     }
     wc.blocks.fetch_add(1, std::memory_order_relaxed);
+    loop.unlock();
     const int ready = ::poll(fds, n, int(timeout.count()));
+    loop.lock();
     if (ready <= 0) {
       wc.by_timer.fetch_add(1, std::memory_order_relaxed);
     } else {
@@ -361,7 +388,9 @@ bool Worker::idle_wait(bool may_nap) {
     timespec ts{0, kFirstNapNs << std::min(naps_in_row_, kMaxNapDoublings)};
     ++naps_in_row_;
     // A submission ends the nap early.
+    loop.unlock();
     ::ppoll(fds, 1, &ts, nullptr);
+    loop.lock();
   }
   wc.asleep.fetch_sub(1, std::memory_order_relaxed);
   wake_.drain();

@@ -176,12 +176,16 @@ class Worker final : public OpHost {
   void run(std::promise<Status>* init);
   Status open_nics();
   bool drain_commands();
+  // A submitter holding loop_mu_: start queued requests and post them; never
+  // polls (no user callback runs on the submitter's thread).
+  void post_inline();
   void handle(Command& cmd);
   bool progress_posts();
   bool poll_completions();
   // Blocks (or naps) until a submission, a completion or the next deadline;
   // false when it did neither (a NIC cannot block and !may_nap).
-  bool idle_wait(bool may_nap);
+  // `loop` (loop_mu_) is released while it blocks.
+  bool idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop);
   void check_deadlines();
   void deadline_insert(uint32_t idx);
   void deadline_remove(uint32_t idx);
@@ -227,6 +231,11 @@ class Worker final : public OpHost {
   std::condition_variable space_cv_;
   WakeFd wake_;
   std::atomic<bool> sleeping_{false};
+  // Held by the worker while it works; released while it yields or blocks, so
+  // that a submitter can post its own request at once (post_inline) instead of
+  // waiting for the worker to be scheduled. Only when every NIC allows it.
+  std::mutex loop_mu_;
+  bool inline_posts_ = false;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 

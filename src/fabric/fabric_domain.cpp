@@ -327,6 +327,7 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
   }
   d->info_.max_msg_size = info->ep_attr != nullptr ? info->ep_attr->max_msg_size : 0;
   d->info_.transport = Transport::kFabric;
+  d->info_.any_thread = true;
   d->rxm_ = d->info_.provider.find("ofi_rxm") != std::string::npos;
   d->shm_ = d->info_.provider == "shm";
   if (d->shm_) {

@@ -108,6 +108,7 @@ class FakeDomain final : public core::Domain {
     info_.link_speed_bps = 100'000'000'000ull;
     info_.max_msg_size = 1ull << 32;
     info_.transport = Transport::kFake;
+    info_.any_thread = true;
     done_.reserve(4096);
     spare_.reserve(4096);
   }

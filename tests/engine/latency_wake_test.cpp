@@ -21,10 +21,11 @@ using namespace std::chrono_literals;
 using core::wake_counters;
 
 struct Snapshot {
-  uint64_t blocks, by_submission, by_completion, notifies;
+  uint64_t blocks, by_submission, by_completion, notifies, inline_posts;
   static Snapshot now() {
     auto& w = wake_counters();
-    return {w.blocks.load(), w.by_submission.load(), w.by_completion.load(), w.notifies.load()};
+    return {w.blocks.load(), w.by_submission.load(), w.by_completion.load(), w.notifies.load(),
+            w.inline_posts.load()};
   }
 };
 
@@ -48,23 +49,38 @@ EngineConfig adaptive(const std::string& kind) {
 
 class Wake : public ::testing::TestWithParam<std::string> {};
 
-// Each round starts with both workers blocked: the ping must wake the
-// sender's worker through its eventfd and the receiver's through its CQ.
+// Each round starts with both workers blocked: the submitter posts the ping
+// itself (the worker idles) and still writes the sender's eventfd (its
+// worker's fi_trywait came before that post); the receiver's worker wakes
+// through its CQ.
 TEST_P(Wake, BlockedWorkersWakeForASubmissionAndForACompletion) {
   TransferEngine a(adaptive(GetParam())), b(adaptive(GetParam()));
   auto dst = test::region(b, 4096);
   auto ping = b.imm_counter(7);
   constexpr int kRounds = 20;
   const Snapshot before = Snapshot::now();
+  std::atomic<uint64_t> sent{0};
   for (int i = 0; i < kRounds; ++i) {
     ASSERT_TRUE(all_asleep(2)) << "round " << i << ": workers never blocked";
-    a.submit_imm(7, dst.d, OnDone::none());
+    a.submit_imm(7, dst.d, OnDone::counter(sent));
     ASSERT_TRUE(ping.wait(1, 10s).is_ok()) << "round " << i;
+    // The sender's worker has handled its completion, so the next round finds
+    // it asleep again rather than still on its way out of this round's wake.
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (sent.load() < uint64_t(i + 1) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    ASSERT_EQ(sent.load(), uint64_t(i + 1)) << "round " << i;
   }
   const Snapshot after = Snapshot::now();
-  EXPECT_GE(after.notifies - before.notifies, uint64_t(kRounds));
-  EXPECT_GE(after.by_submission - before.by_submission, uint64_t(kRounds));
-  EXPECT_GE(after.by_completion - before.by_completion, uint64_t(kRounds));
+  // Every round wakes both workers by an event, the sender's by its eventfd or
+  // its own completion, the receiver's by the ping. A worker's timer can only
+  // expire first when a round waited 10 ms for both to fall asleep: allow two.
+  const uint64_t slack = 2, rounds = kRounds;
+  EXPECT_GE(after.inline_posts - before.inline_posts, rounds - slack);
+  EXPECT_GE(after.notifies - before.notifies, rounds - slack);
+  EXPECT_GE(after.by_submission - before.by_submission + after.by_completion - before.by_completion,
+            2 * rounds - slack);
+  EXPECT_GE(after.by_completion - before.by_completion, rounds - slack);
 }
 
 // A reply posted from an inline callback (CallbackOn::kWorker) runs on the
@@ -127,6 +143,7 @@ TEST_P(Wake, BusyWorkersNeverBlock) {
   }
   EXPECT_EQ(Snapshot::now().blocks, before.blocks);
   EXPECT_EQ(Snapshot::now().notifies, before.notifies);
+  EXPECT_EQ(Snapshot::now().inline_posts, before.inline_posts);  // busy: the worker posts
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, Wake, ::testing::Values("fake", "tcp"),
