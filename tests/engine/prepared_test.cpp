@@ -12,6 +12,7 @@
 #include "support/checks.h"
 #include "support/engine_config.h"
 #include "support/process.h"
+#include "support/tsan.h"
 
 namespace ferry {
 namespace {
@@ -81,8 +82,13 @@ TEST_P(PreparedTest, SingleWriteAndScatterRepeat) {
     ASSERT_TRUE(c7.wait(2, 30s).is_ok());
     // The single write carries no immediate: its local completion says nothing
     // about the target, and the scatter's immediates may overtake its bytes.
+    // Nothing orders these reads after its landing: NIC memory accesses
+    // (support/tsan.h).
     EXPECT_TRUE(test::wait_until(
-        [&] { return std::memcmp(dst.buf.data() + 8192, src.buf.data() + 4096, 1 << 19) == 0; },
+        [&] {
+          test::NicMemoryAccess scope;
+          return std::memcmp(dst.buf.data() + 8192, src.buf.data() + 4096, 1 << 19) == 0;
+        },
         30s));
     EXPECT_EQ(std::memcmp(dst.buf.data() + 700000, src.buf.data(), 1000), 0);
     EXPECT_EQ(std::memcmp(dst.buf.data() + 900000, src.buf.data() + 5000, 3000), 0);
