@@ -118,9 +118,9 @@ Status Proxy::wait(Ready&& ready, bool bounded, const char* what) {
   std::unique_lock lk(mu_, std::defer_lock);
   for (;;) {
     if (ready()) return {};
-    if (transfer_failed_.load(std::memory_order_acquire)) {
-      std::lock_guard g(mu_);
-      return transfer_status_;
+    if (tx_->failed.load(std::memory_order_acquire)) {
+      std::lock_guard g(tx_->mu);
+      return tx_->status;
     }
     if (stop_.load(std::memory_order_acquire)) return {Code::kCancelled, "moe proxy stopped"};
     const auto now = Clock::now();
@@ -151,23 +151,23 @@ Status Proxy::wait_imms(ImmCounter& c, int64_t n, const char* what) {
 Status Proxy::wait_transfers(const char* what) {
   Status s = wait(
       [&] {
-        return done_.load(std::memory_order_acquire) == issued_.load(std::memory_order_relaxed);
+        return tx_->done.load(std::memory_order_acquire) == issued_.load(std::memory_order_relaxed);
       },
       true, what);
   if (!s.is_ok()) return s;
-  std::lock_guard lk(mu_);
-  return transfer_status_;
+  std::lock_guard lk(tx_->mu);
+  return tx_->status;
 }
 
 OnDone Proxy::on_done() {
   issued_.fetch_add(1, std::memory_order_relaxed);
-  return OnDone([this](const Status& s) {
+  return OnDone([tx = tx_](const Status& s) {
     if (!s.is_ok()) {
-      std::lock_guard lk(mu_);
-      if (transfer_status_.is_ok()) transfer_status_ = s;
-      transfer_failed_.store(true, std::memory_order_release);
+      std::lock_guard lk(tx->mu);
+      if (tx->status.is_ok()) tx->status = s;
+      tx->failed.store(true, std::memory_order_release);
     }
-    done_.fetch_add(1, std::memory_order_acq_rel);
+    tx->done.fetch_add(1, std::memory_order_acq_rel);
   });
 }
 
@@ -179,7 +179,7 @@ void Proxy::post_scatter(ImmKind kind, std::optional<PeerGroupHandle> group, MrH
     engine_.submit_scatter(group, std::move(d), imm_of(cfg_.instance, kind), src, std::move(dsts),
                            GroupRoute::shard_peers());
   } catch (...) {
-    done_.fetch_add(1, std::memory_order_acq_rel);  // never posted: its OnDone will not run
+    tx_->done.fetch_add(1, std::memory_order_acq_rel);  // never posted: its OnDone will not run
     throw;
   }
 }
@@ -281,7 +281,7 @@ Status Proxy::step(uint32_t e) {
       engine_.submit_barrier(others_group_, std::move(d), imm_of(cfg_.instance, ImmKind::kBarrier),
                              std::move(dsts));
     } catch (...) {
-      done_.fetch_add(1, std::memory_order_acq_rel);
+      tx_->done.fetch_add(1, std::memory_order_acq_rel);
       throw;
     }
     if (Status s = wait_imms(barrier_imms_, static_cast<int64_t>(N) - 1, "barrier"); !s.is_ok())

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -116,15 +117,22 @@ class Proxy {
   ImmCounter route_imms_, barrier_imms_;
   std::vector<uint32_t> routes_copy_;
 
-  std::atomic<uint64_t> issued_{0}, done_{0};
-  std::atomic<bool> transfer_failed_{false};
+  // Shared with the transfers' OnDone callbacks, which may run after the
+  // proxy is gone (a transfer still in flight when it stopped).
+  struct Tx {
+    std::atomic<uint64_t> done{0};
+    std::atomic<bool> failed{false};
+    std::mutex mu;
+    Status status;  // first failed transfer, guarded by mu
+  };
+  std::shared_ptr<Tx> tx_ = std::make_shared<Tx>();
+  std::atomic<uint64_t> issued_{0};
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> epochs_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  Status status_;           // guarded by mu_
-  Status transfer_status_;  // first failed transfer, guarded by mu_
-  ProxyStats stats_;        // guarded by mu_
+  Status status_;     // guarded by mu_
+  ProxyStats stats_;  // guarded by mu_
   std::thread thread_;
 };
 
