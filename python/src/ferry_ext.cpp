@@ -816,7 +816,8 @@ class PyEngine {
 
   // The C++ engine, for the bindings of other files (stats_ext.cpp).
   TransferEngine& native() {
-    if (stopped_ || !engine_) throw Error(Code::kFailedPrecondition, "the transfer engine is stopped");
+    if (stopped_ || !engine_)
+      throw Error(Code::kFailedPrecondition, "the transfer engine is stopped");
     return *engine_;
   }
 
