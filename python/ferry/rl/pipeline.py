@@ -273,6 +273,7 @@ class WeightSender:
         s, be, me = self.schedule, self.backend, self.rank
         st = StepStats(me, step)
         base = time.perf_counter()
+        base_ns = time.monotonic_ns()
         deadline = time.monotonic() + timeout
         left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
         inflight: dict[int, tuple[Any, S.Job, float]] = {}
@@ -372,7 +373,19 @@ class WeightSender:
             self.ex.barrier(self.trainer_ranks, left())
             st.add("barrier", group, t0, time.perf_counter(), base)
         st.wall_s = time.perf_counter() - base
+        self._trace(st, base_ns)
         return st
+
+    def _trace(self, st: StepStats, base_ns: int) -> None:
+        """The step's stages into the engine's own trace (FERRY_TRACE / trace=), one track
+        per stage beside the engine's worker and NIC tracks; after the step, so tracing
+        costs the step nothing."""
+        if not getattr(self.engine, "tracing", False):
+            return
+        for stage, label, t0, t1 in st.events:
+            self.engine.trace_span(f"step {st.step} {label}", base_ns + int(t0 * 1e9),
+                                   base_ns + int(max(t1, t0) * 1e9), f"rl {stage}")
+        self.engine.trace_span(f"step {st.step}", base_ns, base_ns + int(st.wall_s * 1e9), "rl step")
 
 
 class WeightReceiver:

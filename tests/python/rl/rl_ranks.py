@@ -63,7 +63,10 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
         il = M.InferenceLayout(**case["inference"])
         T, I = tl.world, il.world
         ex = PipeExchange(world_rank, T + I, conn)
-        eng = engine_for(case["provider"], default_timeout=case["timeout"])
+        kw = {}
+        if case.get("trace_dir") and role == "trainer":
+            kw["trace"] = os.path.join(case["trace_dir"], f"trainer{idx}.json")
+        eng = engine_for(case["provider"], default_timeout=case["timeout"], **kw)
         steps = case["steps"]
         if role == "trainer":
             blocks = [b for b in M.trainer_blocks(cfg, tl) if idx in b.mesh]

@@ -54,8 +54,8 @@ CASE = dict(provider="tcp", model="tiny-qwen3-moe", trainer=dict(pp=1, ep=2, fsd
             inference=dict(instances=1, ep=2, tp=2), watermark=512 << 10, steps=2, timeout=60.0)
 
 
-def test_two_trainers_two_inference_bit_exact():
-    out, procs = run_ranks(CASE)
+def test_two_trainers_two_inference_bit_exact(tmp_path):
+    out, procs = run_ranks(dict(CASE, trace_dir=str(tmp_path)))
     inf = sorted((r for r in out if r[0] == "inference"), key=lambda r: r[1])
     tr = sorted((r for r in out if r[0] == "trainer"), key=lambda r: r[1])
     assert [r[2] for r in tr] == ["ok", "ok"], tr
@@ -73,6 +73,23 @@ def test_two_trainers_two_inference_bit_exact():
             assert 0 < peak <= CASE["watermark"]
             assert jobs > 0 and writes >= jobs and nev > 0
     assert all(p.exitcode == 0 for p in procs)
+    # Each trainer's stages went into its engine's trace, beside the engine's own spans
+    # of the scatters they posted: one span per stage event and one per step.
+    import json
+
+    for r in tr:
+        with open(tmp_path / f"trainer{r[1]}.json") as f:
+            events = json.load(f)["traceEvents"]
+        tracks = {ev["args"]["name"] for ev in events if ev.get("ph") == "M" and ev["name"] == "thread_name"}
+        assert {"rl step", "rl post", "rl write"} <= tracks, tracks
+        spans = [ev for ev in events if ev.get("ph") == "X"]
+        steps = [ev for ev in spans if ev["name"] in ("step 0", "step 1")]
+        assert len(steps) == 2
+        # (a stage that took no time at all is written as an instant event)
+        stage_events = [ev for ev in events if ev.get("ph") in ("X", "i") and ev["name"].startswith("step ")
+                        and ev["name"] not in ("step 0", "step 1")]
+        assert len(stage_events) == sum(x[5] for x in r[3])
+        assert [ev for ev in spans if ev["name"] == "prepared"]  # the prepared scatters
 
 
 def test_watermark_below_a_job_is_a_typed_error_on_every_rank():
