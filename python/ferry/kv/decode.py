@@ -81,6 +81,7 @@ class KvRequest:
         self._aborting = False
         self._next_ping = time.monotonic() + _PING_EVERY
         self._pings: list = []
+        self._t0_ns = time.monotonic_ns()  # the request's span in the engine's trace
 
     # ------------------------------------------------------------ waiting
 
@@ -265,6 +266,9 @@ class KvRequest:
             if self.released:
                 return
             self.released = True
+        if getattr(self.rx.engine, "tracing", False):
+            self.rx.engine.trace_span(f"request {self.req_id} {self.state}", self._t0_ns,
+                                      time.monotonic_ns(), "kv decode")
         self.rx._retire(self)
 
 

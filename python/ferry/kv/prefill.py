@@ -83,6 +83,7 @@ class SendJob:
                  ctx_staging: Optional[tuple], deadline: float, base: Optional[int]) -> None:
         self.sender, self.req_id = sender, req_id
         self.links, self.plans = links, plans
+        self._t0_ns = time.monotonic_ns()  # the job's span in the engine's trace
         self.num_steps = len(plans[0].steps) if plans else 0
         self.deadline = deadline
         self._ctx = ctx_staging  # (view, offset) of this job's staging slot
@@ -538,6 +539,10 @@ class KvSender:
                 failed, Unavailable) else failed
         elif reason is not None:
             job.error = RequestAborted(f"request {job.req_id}: {reason}")
+        if getattr(self.engine, "tracing", False):
+            outcome = "ok" if job.error is None else type(job.error).__name__
+            self.engine.trace_span(f"request {job.req_id} {outcome}", job._t0_ns,
+                                   time.monotonic_ns(), "kv prefill")
         job._finished.set()
 
     def _expire_locked(self, now: Optional[float] = None) -> None:

@@ -105,3 +105,20 @@ def test_incompatible_layouts_are_refused_at_the_handshake(make_peer, make_decod
     (d2,) = make_decode("shm", 1, lay_kw={"dtype": "bfloat16"})
     with pytest.raises(LayoutMismatch, match="dtype"):
         d2.connect(peer.addrs)
+
+
+def test_requests_are_spans_in_the_decoders_trace(tmp_path, make_peer, make_decode):
+    import json
+
+    trace = tmp_path / "decode.json"
+    peer = make_peer("shm", 1)
+    (d,) = make_decode("shm", 1, env={"FERRY_TRACE": str(trace)})
+    d.connect(peer.addrs)
+    run_requests([d], 1, 500, 3, 77, rng=np.random.default_rng(5))
+    d.stop()
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    spans = sorted(ev["name"] for ev in events if ev.get("ph") == "X" and ev["name"].startswith("request "))
+    assert spans == ["request 500 done", "request 501 done", "request 502 done"]
+    tracks = {ev["args"]["name"] for ev in events if ev.get("ph") == "M" and ev["name"] == "thread_name"}
+    assert "kv decode" in tracks
