@@ -118,11 +118,25 @@ TEST_P(PeerKillTest, KilledPeerFailsItsTransfersAndRestartedPeerWorks) {
     ASSERT_EQ(ask(stable.channel(), "count 1 " + std::to_string(kBurst)), "ok 0");
     victim_errors += int(v_err.load());
 
-    // The dead incarnation's descriptor keeps failing, within the deadline.
-    std::atomic<bool> d_done{false}, d_failed{false};
-    e.submit_single_write(8, 1, h, 0, victim_desc, 0, OnDone::flag(d_done, &d_failed));
-    ASSERT_TRUE(test::wait_until([&] { return d_done.load(); }, 20s));
-    EXPECT_TRUE(d_failed.load()) << "a write to a dead peer succeeded in cycle " << cycle;
+    // Writes to the dead incarnation fail within the deadline, and keep failing. A
+    // sender completion means only that the local work is done: when every write of
+    // the burst finished before the kill took effect, nothing has failed yet, and over
+    // tcp;ofi_rxm the next write may still be taken by the socket before the reset
+    // arrives. So write until the death is seen (each write ends within the deadline,
+    // and the first refused send marks the peer failed), then once more: that one must
+    // fail too.
+    auto write_fails = [&] {
+      std::atomic<bool> d_done{false}, d_failed{false};
+      e.submit_single_write(8, 1, h, 0, victim_desc, 0, OnDone::flag(d_done, &d_failed));
+      EXPECT_TRUE(test::wait_until([&] { return d_done.load(); }, 20s)) << "cycle " << cycle;
+      return d_failed.load();
+    };
+    const auto dead_from = std::chrono::steady_clock::now();
+    bool seen = v_err.load() > 0 && write_fails();
+    while (!seen && std::chrono::steady_clock::now() - dead_from < cfg.default_deadline + 2s)
+      seen = write_fails();
+    EXPECT_TRUE(seen) << "writes to a dead peer kept succeeding in cycle " << cycle;
+    EXPECT_TRUE(write_fails()) << "a write after the death was seen succeeded in cycle " << cycle;
     if (cycle == 2) {
       rss_start = rss_kib();
       threads_start = thread_count();
