@@ -21,8 +21,8 @@ from .._errors import Cancelled, FerryError, NotFound, ResourceExhausted, Timeou
 from .._engine import TransferEngine
 from . import wire
 from .errors import LayoutMismatch, PeerDead, RequestAborted, RequestRefused, TransferTimeout
-from .layout import KvLayout, check_regions, head_sources
-from .prefill import RECV_BUFFERS, _nbytes, new_session
+from .layout import KvLayout, head_sources
+from .prefill import RECV_BUFFERS, _nbytes, new_session, register_regions
 from .wire import Msg, Refusal
 
 __all__ = ["KvReceiver", "KvRequest", "PrefillLink", "KV_IMM_BASE"]
@@ -287,12 +287,7 @@ class KvReceiver:
         self.engine, self.layout, self.instance = engine, layout, instance
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
-        self._descs, sizes = [], []
-        for b in buffers:
-            _, d = engine.register(b)
-            self._descs.append(d)
-            sizes.append(_nbytes(b))
-        check_regions(layout, sizes)
+        self._descs = [d for _, d in register_regions(engine, layout, buffers)]
         self.context_slot_bytes = int(context_slot_bytes)
         self._ctx_desc = None
         self.context_slots = 0

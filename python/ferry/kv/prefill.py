@@ -200,13 +200,7 @@ class KvSender:
         self.clock = StepClock(engine, watcher=use_watcher)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._regions = []
-        sizes = []
-        for b in buffers:
-            h, _ = engine.register(b)
-            self._regions.append(h)
-            sizes.append(_nbytes(b))
-        check_regions(layout, sizes)
+        self._regions = [h for h, _ in register_regions(engine, layout, buffers)]
         self.context_bytes = int(context_bytes)
         self.max_jobs = max_jobs
         # Context staging: slot i at i * context_bytes. A caller's buffer (a CUDA tensor
@@ -570,6 +564,13 @@ class KvSender:
             self.engine.submit_send(addr, wire.encode(kind, session, body))
         except FerryError as e:  # the decoder is gone: its side times out or probes
             log.info("KV %s to a decode rank failed: %s", kind.name, e)
+
+
+def register_regions(engine: Any, layout: KvLayout, buffers: Sequence[Any]) -> list:
+    """Registers a cache's regions, then checks them against the layout: [(handle, desc)]."""
+    regs = [engine.register(b) for b in buffers]
+    check_regions(layout, [_nbytes(b) for b in buffers])
+    return regs
 
 
 def _nbytes(b: Any) -> int:
