@@ -33,6 +33,10 @@ case "$variant" in
     export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1${SANITIZER_EXTRA:+:$SANITIZER_EXTRA}"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
     export LSAN_OPTIONS="suppressions=$ROOT/scripts/lsan.supp:print_suppressions=0"
+    # PeerKillTest restarts its peer 100 times by default; a cycle under ASan takes
+    # several times longer. 50 cycles still cross every kill and restart path under
+    # the sanitizer, well inside the test's limit; the plain build runs 100.
+    export FERRY_PEER_KILL_CYCLES=${FERRY_PEER_KILL_CYCLES:-50}
     ;;
   tsan)
     sanitize="thread"

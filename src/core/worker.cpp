@@ -174,18 +174,23 @@ void Worker::submit(Command&& cmd) {
   // it to be scheduled (on a machine with fewer cores than threads, that wait
   // is a context switch). A worker already blocked in poll(2) is still woken
   // below: its fi_trywait came before this post.
-  if (inline_posts_ && !t_worker_thread && loop_mu_.try_lock()) {
-    if (!stop_.load(std::memory_order_acquire)) post_inline();  // stopped: the domains may be gone
-    loop_mu_.unlock();
+  if (inline_posts_ && !t_worker_thread) {
+    std::unique_lock loop(loop_mu_, std::try_to_lock);
+    if (loop.owns_lock() && !stop_.load(std::memory_order_acquire))
+      post_inline();  // stopped: the domains may be gone
   }
   if (sleeping_.load(std::memory_order_relaxed)) wake_.notify();
 }
 
 void Worker::post_inline() {
-  t_worker_thread = true;  // nothing it starts may wait for admission
+  // Nothing it starts may wait for admission; the flag is cleared however
+  // this returns, or the submitting thread would pass for a worker from now on.
+  struct AsWorker {
+    AsWorker() { t_worker_thread = true; }
+    ~AsWorker() { t_worker_thread = false; }
+  } as_worker;
   drain_commands();
   progress_posts();
-  t_worker_thread = false;
   wake_counters().inline_posts.fetch_add(1, std::memory_order_relaxed);
 }
 

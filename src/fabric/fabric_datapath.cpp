@@ -156,6 +156,7 @@ core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writ
     Clock::time_point now{};
     if (sp != nullptr && !shm_peer_postable(*sp, w.len, "fi_writemsg to", &result.error, &now))
       break;
+    if (dead_socket_peers_ > 0 && peer_dead(w.peer, "fi_writemsg to", &result.error)) break;
     OpEntry* op = pool_->acquire(OpKind::kWrite, w.ctx);
     if (op == nullptr) break;  // every context in flight: back-pressure
     op->peer = w.peer;
@@ -208,6 +209,7 @@ core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writ
         sp->eagain_streak = 0;
       }
     }
+    if (socket_probe_) note_socket_post(w.peer, ret);
     if (ret == 0) {
       ++result.posted;
       ++tx_in_flight_;
@@ -228,6 +230,7 @@ core::PostResult FabricDomain::post_send(core::PeerId peer, const void* buf, siz
   Clock::time_point now{};
   if (sp != nullptr && !shm_peer_postable(*sp, len, "fi_send to", &result.error, &now))
     return result;
+  if (dead_socket_peers_ > 0 && peer_dead(peer, "fi_send to", &result.error)) return result;
   OpEntry* op = pool_->acquire(OpKind::kSend, ctx);
   if (op == nullptr) return result;
   op->peer = peer;
@@ -238,6 +241,7 @@ core::PostResult FabricDomain::post_send(core::PeerId peer, const void* buf, siz
   }
   const ssize_t ret = fi_send(ep_, buf, len, local_desc, peer, op);
   if (watched) posting_since_ns_.store(0, std::memory_order_release);
+  if (socket_probe_) note_socket_post(peer, ret);
   if (ret == 0) {
     result.posted = 1;
     ++tx_in_flight_;
@@ -418,14 +422,16 @@ size_t FabricDomain::fail_orphans(std::span<core::Completion> out) {
   for (; orphan_pos_ < pool_->capacity() && n < out.size(); ++orphan_pos_) {
     OpEntry* op = pool_->at(orphan_pos_);
     if (op->kind != OpKind::kWrite && op->kind != OpKind::kSend) continue;
-    ShmPeer* p = shm_peer(op->peer);
-    if (p == nullptr || !p->dead) continue;
-    // The provider completes nothing aimed at a process that is gone until
-    // unstick_responses answers for it; the entry stays taken until then
-    // (its completion then just releases it).
+    // The provider completes nothing aimed at a process that is gone (shm:
+    // until unstick_responses answers for it; tcp: it retries the connect for
+    // ever); the entry stays taken until then (its completion then just
+    // releases it).
+    Status why;
+    if (!peer_dead(op->peer,
+                   op->kind == OpKind::kWrite ? "write abandoned:" : "send abandoned:", &why))
+      continue;
     fill(&out[n], completion_kind(op->kind), op->user_ctx, 0, 0);
-    out[n].status =
-        dead_peer_status(*p, op->kind == OpKind::kWrite ? "write abandoned:" : "send abandoned:");
+    out[n].status = std::move(why);
     ++n;
     op->kind = OpKind::kOrphan;
     ++orphans_;
@@ -444,8 +450,7 @@ void FabricDomain::orphan_dead_peers(Clock::time_point now) {
   for (size_t i = 0; i < pool_->capacity(); ++i) {
     OpEntry* op = pool_->at(i);
     if (op->kind != OpKind::kWrite && op->kind != OpKind::kSend) continue;
-    ShmPeer* p = shm_peer(op->peer);
-    if (p == nullptr || !p->dead) continue;
+    if (!peer_dead(op->peer, "", nullptr)) continue;
     op->kind = OpKind::kOrphan;
     ++orphans_;
     if (tx_in_flight_ > 0) --tx_in_flight_;
@@ -466,6 +471,10 @@ size_t FabricDomain::poll(std::span<core::Completion> out) {
       next_unstick_ = now + kUnstickPeriod;
       unstick_responses(now);
     }
+  }
+  if (socket_probe_ && tx_in_flight_ > 0) {
+    const auto now = Clock::now();
+    if (now >= next_stall_scan_) scan_for_stalled_peers(now);
   }
   if (orphan_scan_) n += fail_orphans(out.subspan(n));
   while (n < out.size()) {

@@ -95,6 +95,7 @@ OpEntry* OpPool::acquire(OpKind kind, uint64_t user_ctx) noexcept {
   e->desc = nullptr;
   e->len = 0;
   e->peer = FI_ADDR_NOTAVAIL;
+  e->seen_scan = 0;
   return e;
 }
 
@@ -330,6 +331,7 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
   d->info_.any_thread = true;
   d->rxm_ = d->info_.provider.find("ofi_rxm") != std::string::npos;
   d->shm_ = d->info_.provider == "shm";
+  d->socket_probe_ = d->info_.provider.starts_with("tcp") && ConnectProbe::is_inet(d->address_);
   if (d->shm_) {
     const std::string_view own(
         reinterpret_cast<const char*>(d->address_.data()),
@@ -573,6 +575,7 @@ core::PeerId FabricDomain::add_peer(std::span<const uint8_t> raw, Status* error)
     return 0;
   }
   peers_.emplace(std::move(key), addr);
+  if (socket_probe_) track_socket_peer(addr, raw);
   if (shm_) {
     track_shm_peer(
         addr, std::string_view(reinterpret_cast<const char*>(raw.data()),
@@ -592,6 +595,10 @@ void FabricDomain::remove_peer(core::PeerId peer) {
                        fi_strerror(-ret), ret);
     }
     peers_.erase(it);
+    if (auto tp = socket_peers_.find(peer); tp != socket_peers_.end()) {
+      if (tp->second->dead && dead_socket_peers_ > 0) --dead_socket_peers_;
+      socket_peers_.erase(tp);
+    }
     if (auto sp = shm_peers_.find(peer); sp != shm_peers_.end()) {
       removed_shm_peers_.push_back(std::move(sp->second));
       shm_peers_.erase(sp);
@@ -985,7 +992,7 @@ void FabricDomain::quiesce() {
       break;
     }
     // Dead shm peers never complete what was posted to them.
-    if (shm_ && tx_in_flight_ > 0 && now >= next_orphan_check) {
+    if ((shm_ || dead_socket_peers_ > 0) && tx_in_flight_ > 0 && now >= next_orphan_check) {
       orphan_dead_peers(now);
       next_orphan_check = now + std::chrono::milliseconds(100);
     }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/domain.h"
+#include "fabric/connect_probe.h"
 #include "fabric/fabric_domain.h"
 #include "fabric/fabric_handles.h"
 
@@ -62,7 +63,8 @@ struct OpEntry {
   void* buf;
   void* desc;
   uint64_t len;
-  uint64_t peer;  // writes and sends: the fi_addr_t they went to
+  uint64_t peer;       // writes and sends: the fi_addr_t they went to
+  uint32_t seen_scan;  // the stall scan that first saw it in flight (0: none yet)
   OpKind kind;
 };
 
@@ -178,6 +180,19 @@ struct ShmPeer {
   bool dead = false;
 };
 
+// A peer reached through the tcp provider (see ConnectProbe): probed when
+// writes or sends to it stop completing, and dead for good once nothing
+// listens at its address.
+struct SocketPeer {
+  std::vector<uint8_t> addr;  // its sockaddr, as in its fabric address
+  ConnectProbe probe;
+  Clock::time_point next_probe{};
+  // Since when every post to it was refused with -FI_EAGAIN (epoch: the last
+  // one was taken): rxm answers so while it tries to connect.
+  Clock::time_point eagain_since{};
+  bool dead = false;
+};
+
 class FabricDomain final : public core::Domain {
  public:
   static std::unique_ptr<core::Domain> open(const core::DomainOptions& options, Status* error);
@@ -237,6 +252,24 @@ class FabricDomain final : public core::Domain {
   bool shm_peer_postable(ShmPeer& p, uint64_t len, const char* call, Status* error,
                          Clock::time_point* when);
   Status dead_peer_status(const ShmPeer& p, const char* what) const;
+
+  // --- tcp peers (see SocketPeer; socket_peers.cpp)
+  void track_socket_peer(fi_addr_t addr, std::span<const uint8_t> raw);
+  SocketPeer* socket_peer(fi_addr_t addr) noexcept {
+    auto it = socket_peers_.find(addr);
+    return it == socket_peers_.end() ? nullptr : it->second.get();
+  }
+  // Every kStallScanPeriod while writes or sends are in flight: probes the
+  // peers of those seen in flight for two scans running, and collects the
+  // answers of probes started earlier.
+  void scan_for_stalled_peers(Clock::time_point now);
+  void take_probe_answer(SocketPeer& p, ConnectProbe::Answer answer);
+  // After a post to `peer` returned `ret`: a peer refusing posts for a while is
+  // probed too (the provider may hold nothing of ours for it).
+  void note_socket_post(fi_addr_t peer, ssize_t ret);
+  Status dead_socket_peer_status(const SocketPeer& p, const char* what) const;
+  // Whether `peer` is known dead (shm or tcp); *status then says why.
+  bool peer_dead(fi_addr_t peer, const char* what, Status* status) const;
   // Fails the writes and sends still in flight to dead peers (orphaning them).
   size_t fail_orphans(std::span<core::Completion> out);
   // Checks every live shm peer now; orphans (without completions) the
@@ -309,6 +342,13 @@ class FabricDomain final : public core::Domain {
   std::mutex rescuer_mu_;
   std::condition_variable rescuer_cv_;
   bool rescuer_stop_ = false;
+
+  // tcp only (socket_probe_).
+  bool socket_probe_ = false;
+  std::unordered_map<fi_addr_t, std::unique_ptr<SocketPeer>> socket_peers_;
+  size_t dead_socket_peers_ = 0;
+  uint32_t scan_ = 0;
+  Clock::time_point next_stall_scan_{};
 
   // Write template: invariant fields filled once, per-op fields patched.
   iovec iov_{};
