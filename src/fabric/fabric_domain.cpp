@@ -338,6 +338,9 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
         strnlen(reinterpret_cast<const char*>(d->address_.data()), d->address_.size()));
     d->own_region_ = map_own_shm_region(own, &d->shm_version_, &d->own_region_len_);
     d->shm_layout_ok_ = d->own_region_ != nullptr;
+    if (d->shm_layout_ok_)
+      d->own_lock_ =
+          reinterpret_cast<int*>(static_cast<uint8_t*>(d->own_region_) + shm_layout::kLock);
   }
 
   core::log().info(
@@ -815,7 +818,13 @@ void FabricDomain::track_shm_peer(fi_addr_t addr, std::string_view name) {
         p->lock = reinterpret_cast<int*>(static_cast<uint8_t*>(p->map) + kLock);
       }
     }
-    if (p->lock != nullptr && p->watch) start_rescuer();
+    if (p->lock != nullptr && p->watch) {
+      {
+        std::lock_guard lk(rescuer_mu_);
+        rescue_peers_.push_back(p.get());
+      }
+      start_rescuer();
+    }
   }
   core::log().debug("fabric NIC '{}': shm peer {} (pid {}): liveness {}, region lock {}",
                     res_->nic_name, p->name, p->pid, p->watch ? "watched" : "unknown",
@@ -887,6 +896,7 @@ Status FabricDomain::dead_peer_status(const ShmPeer& p, const char* what) const 
 
 void FabricDomain::start_rescuer() {
   if (rescuer_.joinable()) return;
+  watch_polls_.store(true, std::memory_order_release);
   rescuer_ = std::thread([this] { rescuer_main(); });
 }
 
@@ -899,12 +909,14 @@ void FabricDomain::rescuer_main() {
   while (!rescuer_stop_) {
     rescuer_cv_.wait_for(lk, std::chrono::milliseconds(50));
     if (rescuer_stop_) break;
-    const int64_t since = posting_since_ns_.load(std::memory_order_acquire);
-    ShmPeer* p = posting_peer_.load(std::memory_order_acquire);
-    if (since == 0 || p == nullptr || p->lock == nullptr || !p->watch) continue;
     const int64_t now =
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
             .count();
+    if (const int64_t polling = polling_since_ns_.load(std::memory_order_acquire); polling != 0)
+      rescue_poll(polling, now);
+    const int64_t since = posting_since_ns_.load(std::memory_order_acquire);
+    ShmPeer* p = posting_peer_.load(std::memory_order_acquire);
+    if (since == 0 || p == nullptr || p->lock == nullptr || !p->watch) continue;
     if (now - since < std::chrono::nanoseconds(kRescueAfter).count()) continue;
     if (!p->watch->exited()) continue;  // a live holder lets go by itself
     int held = __atomic_load_n(p->lock, __ATOMIC_ACQUIRE);
@@ -920,6 +932,38 @@ void FabricDomain::rescuer_main() {
           res_->nic_name, (now - since) / 1000000, p->name, p->pid);
     }
   }
+}
+
+// Called with rescuer_mu_ held. A sender takes the receiver's region lock
+// only to queue a command (microseconds), so our lock held for kRescueAfter
+// while our own progress spins on it, with a peer process gone meanwhile, is
+// that peer's. The exchange only succeeds on the value seen, and only while
+// the same poll still spins.
+void FabricDomain::rescue_poll(int64_t since, int64_t now) {
+  if (now - since < std::chrono::nanoseconds(kRescueAfter).count()) return;
+  const ShmPeer* gone = nullptr;
+  for (const ShmPeer* p : rescue_peers_)
+    if (p->watch && p->watch->exited()) {
+      gone = p;
+      break;
+    }
+  if (gone == nullptr) return;  // every holder is alive and lets go by itself
+  const int unlocked = spin_unlocked_value();
+  auto release = [&](int* lock, const char* whose) {
+    int held = __atomic_load_n(lock, __ATOMIC_ACQUIRE);
+    if (held == unlocked || polling_since_ns_.load(std::memory_order_acquire) != since) return;
+    if (__atomic_compare_exchange_n(lock, &held, unlocked, false, __ATOMIC_RELEASE,
+                                    __ATOMIC_RELAXED))
+      core::log().warn(
+          "fabric NIC '{}': progress spun {} ms on {} while peer {} (pid {}) has exited; "
+          "released the lock it left taken",
+          res_->nic_name, (now - since) / 1000000, whose, gone->name, gone->pid);
+  };
+  // The region of a dead peer is used by nobody else; ours only by senders.
+  for (const ShmPeer* p : rescue_peers_)
+    if (p->lock != nullptr && p->watch && p->watch->exited())
+      release(p->lock, "a dead peer's lock");
+  if (own_lock_ != nullptr) release(own_lock_, "our own region lock");
 }
 
 // -------------------------------------------------------------- teardown

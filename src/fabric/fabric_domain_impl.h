@@ -286,6 +286,9 @@ class FabricDomain final : public core::Domain {
   void unstick_responses(Clock::time_point now);
   void start_rescuer();
   void rescuer_main();
+  // The rescuer's part for a poll spinning since `since` (ns): releases a lock
+  // held across two looks while a peer process has exited.
+  void rescue_poll(int64_t since, int64_t now);
 
   // --- teardown
   // Revokes remote access, hands posted receives back, and progresses the
@@ -338,6 +341,15 @@ class FabricDomain final : public core::Domain {
   // The provider call in progress, for the rescuer: its peer and start.
   std::atomic<ShmPeer*> posting_peer_{nullptr};
   std::atomic<int64_t> posting_since_ns_{0};
+  // The fi_cq_read in progress, for the rescuer (set once it runs): a sender
+  // that died holding our own region lock, or the lock of its own region,
+  // leaves the provider's progress spinning inside it.
+  std::atomic<bool> watch_polls_{false};
+  std::atomic<int64_t> polling_since_ns_{0};
+  int* own_lock_ = nullptr;  // our region's lock, when shm_layout_ok_
+  // Every tracked peer, for the rescuer (guarded by rescuer_mu_; entries live
+  // until the Domain closes, see removed_shm_peers_).
+  std::vector<ShmPeer*> rescue_peers_;
   std::thread rescuer_;
   std::mutex rescuer_mu_;
   std::condition_variable rescuer_cv_;

@@ -67,6 +67,9 @@ Proxy::Proxy(TransferEngine& engine, ProxyConfig cfg, ProxyWords words, ProxyBuf
   route_imms_ = engine_.imm_counter(imm_of(cfg_.instance, ImmKind::kRoute));
   barrier_imms_ = engine_.imm_counter(imm_of(cfg_.instance, ImmKind::kBarrier));
   routes_copy_.resize(size_t{g.world} * g.num_experts);
+  tracing_ = engine_.tracing();
+  track_ = "moe rank " + std::to_string(g.rank);
+  if (cfg_.instance != 0) track_ += " instance " + std::to_string(cfg_.instance);
   stats_.signal_to_first_post.reserve(kStatsKept);
   stats_.routes_to_second_post.reserve(kStatsKept);
   thread_ = std::thread([this] { run(); });
@@ -171,6 +174,14 @@ OnDone Proxy::on_done() {
   });
 }
 
+void Proxy::span(const char* name, Clock::time_point from, Clock::time_point to) {
+  if (!tracing_) return;
+  auto ns = [](Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  };
+  engine_.trace_span(name, ns(from), ns(to), track_);
+}
+
 void Proxy::post_scatter(ImmKind kind, std::optional<PeerGroupHandle> group, MrHandle src,
                          std::vector<ScatterDst> dsts) {
   if (dsts.empty()) return;
@@ -258,7 +269,11 @@ Status Proxy::step(uint32_t e) {
     stats_.routes_to_second_post.push_back(ns(t_second - t_routes));
   }
 
+  span("moe dispatch", t_signal, t_second);
+  span("moe routes exchange", t_first, t_routes);
+
   if (Status s = wait_progress(base - 1, true, "combine send buffer"); !s.is_ok()) return s;
+  const auto t_combine = Clock::now();
   {
     std::vector<ScatterDst> dsts;
     for (uint32_t s : remotes_) {
@@ -272,6 +287,8 @@ Status Proxy::step(uint32_t e) {
   }
 
   if (Status s = wait_progress(base, true, "combine receive"); !s.is_ok()) return s;
+  const auto t_combined = Clock::now();
+  span("moe combine", t_combine, t_combined);
   if (Status s = wait_transfers("this iteration's transfers"); !s.is_ok()) return s;
   if (!others_.empty()) {
     std::vector<MrDesc> dsts;
@@ -289,6 +306,7 @@ Status Proxy::step(uint32_t e) {
     if (Status s = wait_transfers("barrier"); !s.is_ok()) return s;
   }
   store_release(words_.tx_ready, e);
+  span("moe release", t_combined, Clock::now());
   return {};
 }
 

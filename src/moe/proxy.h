@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -106,6 +107,8 @@ class Proxy {
   void fail(Status s);
   void run();
   OnDone on_done();
+  // A span of this iteration on the rank's track of the engine's trace.
+  void span(const char* name, Clock::time_point from, Clock::time_point to);
 
   TransferEngine& engine_;
   ProxyConfig cfg_;
@@ -116,6 +119,8 @@ class Proxy {
   std::optional<PeerGroupHandle> others_group_, remotes_group_;
   ImmCounter route_imms_, barrier_imms_;
   std::vector<uint32_t> routes_copy_;
+  bool tracing_ = false;  // the engine writes a trace: spans per phase
+  std::string track_;     // "moe rank R" (instance I when not 0)
 
   // Shared with the transfers' OnDone callbacks, which may run after the
   // proxy is gone (a transfer still in flight when it stopped).

@@ -6,13 +6,18 @@
 // buffers. Every iteration re-routes, and every dispatched row and combined
 // token is checked against a reference computed from the inputs.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -76,13 +81,14 @@ class World {
  public:
   World(const std::string& provider, uint32_t N, uint32_t S, uint32_t E, uint32_t K, uint32_t T,
         uint32_t pad, uint32_t P, std::chrono::milliseconds deadline,
-        const std::string& faults_on_last = "")
+        const std::string& faults_on_last = "", const std::string& trace_first = "")
       : ranks_(N) {
     for (uint32_t r = 0; r < N; ++r) {
       Rank& k = ranks_[r];
       k.g = Geometry::make(N, r, S, E, K, T, pad, P);
       EngineConfig c = test::config_for(provider);
       if (r == N - 1 && !faults_on_last.empty()) c.fault_injection = faults_on_last;
+      if (r == 0) c.trace_file = trace_first;
       k.engine = std::make_unique<TransferEngine>(c);
       k.routes.reg(*k.engine, size_t{N} * E * 4);
       k.send.reg(*k.engine, k.g.combine_rows() * kRow);
@@ -353,6 +359,47 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(c.provider) + "_N" + std::to_string(c.N) + "_S" + std::to_string(c.S) +
              "_P" + std::to_string(c.P) + "_T" + std::to_string(c.T);
     });
+
+// With a trace, every iteration puts its phases on the rank's track: dispatch
+// (routes row seen -> overflow round posted), the routes exchange inside it,
+// combine (combine send buffer ready -> combine received) and the release
+// (barrier -> buffers free again).
+TEST(MoeProxyTrace, EveryIterationWritesItsPhasesOnTheRanksTrack) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("ferry_moe_trace_" + std::to_string(::getpid()) + ".json");
+  std::filesystem::remove(path);
+  constexpr int kIterations = 5;
+  {
+    World w("fake", 2, 1, 8, 2, 16, 1, 4, 10s, "", path.string());
+    std::mt19937_64 rng(5);
+    for (int e = 1; e <= kIterations; ++e) {
+      w.route(rng, false);
+      ASSERT_TRUE(w.iterate(e)) << "iteration " << e;
+    }
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    while (w[0].proxy->epochs_done() < kIterations && std::chrono::steady_clock::now() < end)
+      std::this_thread::yield();
+    ASSERT_EQ(w[0].proxy->epochs_done(), uint64_t(kIterations));
+    for (uint32_t r = 0; r < w.size(); ++r) w[r].proxy->stop();
+    w[0].engine->stop();  // writes the trace
+  }
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string j = ss.str();
+  auto at = [&](const std::string& needle) {
+    std::vector<size_t> where;
+    for (size_t p = j.find(needle); p != std::string::npos; p = j.find(needle, p + 1))
+      where.push_back(p);
+    return where;
+  };
+  for (const char* phase : {"moe dispatch", "moe routes exchange", "moe combine", "moe release"})
+    EXPECT_EQ(at(std::string("\"name\":\"") + phase + "\"").size(), size_t(kIterations)) << phase;
+  EXPECT_EQ(at("\"name\":\"moe rank 0 instance 7\"").size(), 1u) << "the track is named";
+  EXPECT_TRUE(at("moe rank 1").empty()) << "rank 1's engine writes no trace";
+  std::filesystem::remove(path);
+}
 
 TEST(MoeProxyFailure, SilentPeerIsDeadlineExceededWithinTheDeadline) {
   // Rank 1's kernels never run: rank 0's proxy posts its routes and then
