@@ -113,8 +113,9 @@ struct EngineConfig {
   std::string metrics_address;
   // Chrome trace-event JSON (Perfetto, chrome://tracing) written at stop():
   // transfers, immediates, errors and trace_span()s. Empty = FERRY_TRACE,
-  // else off. Each worker keeps its last trace_events events (a ring), and
-  // the engine as many spans of its users.
+  // else off; "%p" in it becomes the process id (one setting for all the
+  // processes of a job). Each worker keeps its last trace_events events (a
+  // ring), and the engine as many spans of its users.
   std::string trace_file;
   size_t trace_events = 1 << 16;
 };
@@ -263,7 +264,8 @@ class TransferEngine {
   std::shared_ptr<StepSubmits> alloc_uvm_watcher_submits();
 
   // --- observability (ferry/stats.h, docs/OBSERVABILITY.md) -----------------
-  // Counters and gauges now; cheap enough to call every second.
+  // Counters and gauges now; cheap enough to call every second. After stop(),
+  // the figures as stop() left them.
   EngineStats stats() const;
   // "host:port" the metrics endpoint listens on; empty when it is off.
   std::string metrics_address() const;

@@ -28,7 +28,7 @@ class _Observability:
         (``counter_wait``, ``callback_delay``, ``watcher_poll_lag``, and per worker
         ``transfer_latency``, ``queue_delay``, ``registration_time``) as
         {"count", "sum_s", "buckets": [(upper_s, count)], "p50_s", "p99_s"}.
-        Raises FailedPrecondition once the engine is stopped.
+        After stop(), the figures as stop() left them.
         """
         return _ferry._stats(self._e)
 

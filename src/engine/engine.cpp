@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <shared_mutex>
 #include <thread>
@@ -65,6 +67,9 @@ struct TransferEngine::Impl {
   size_t num_recv_pools = 0;
 
   std::atomic<bool> stopped{false};
+  // The statistics as stop() left them, for stats() after stop (guarded by final_mu).
+  std::mutex final_mu;
+  std::optional<EngineStats> final_stats;
   // The callback thread and the workers, fixed once the constructor returns.
   std::vector<std::thread::id> own_threads;
   // API calls in progress: stop() waits for them before it stops the
@@ -326,6 +331,12 @@ void TransferEngine::stop() {
   if (im.imms) im.imms->cancel_all();
   if (im.callbacks) im.callbacks->stop();
   im.obs.write_trace(im.workers);
+  {
+    EngineStats last =
+        im.obs.stats({&im.workers, im.callbacks.get(), im.imms.get(), &im.gpu.poll_lag()});
+    std::lock_guard fl(im.final_mu);
+    im.final_stats = std::move(last);
+  }
   // Workers are joined: registrations can be closed from here, before the
   // domains they belong to (owned by the workers).
   {
@@ -795,8 +806,15 @@ uint64_t* TransferEngine::alloc_uvm_watcher(WatcherCallback cb) {
 }
 
 EngineStats TransferEngine::stats() const {
-  auto entered = impl_->enter();
-  const auto& im = *impl_;
+  auto& im = *impl_;
+  if (im.stopped.load(std::memory_order_seq_cst)) {
+    // The last figures stay readable (a final report after stop); while stop()
+    // is still on its way there are none yet.
+    std::lock_guard fl(im.final_mu);
+    if (im.final_stats) return *im.final_stats;
+    throw Error(Code::kFailedPrecondition, "the transfer engine is stopping");
+  }
+  auto entered = im.enter();
   return im.obs.stats({&im.workers, im.callbacks.get(), im.imms.get(), &im.gpu.poll_lag()});
 }
 

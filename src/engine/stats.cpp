@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
+#include <string>
+
+#include <unistd.h>
 
 #include "core/callback_thread.h"
 #include "core/imm_table.h"
@@ -213,6 +216,14 @@ void Observability::from_environment(EngineConfig& config) {
     if (const char* env = std::getenv("FERRY_METRICS"); env && *env) config.metrics_address = env;
   if (config.trace_file.empty())
     if (const char* env = std::getenv("FERRY_TRACE"); env && *env) config.trace_file = env;
+  // "%p" becomes the process id: one FERRY_TRACE for every process of a job,
+  // each writing its own file.
+  for (size_t at = config.trace_file.find("%p"); at != std::string::npos;
+       at = config.trace_file.find("%p", at)) {
+    const std::string pid = std::to_string(::getpid());
+    config.trace_file.replace(at, 2, pid);
+    at += pid.size();
+  }
 }
 
 void Observability::start_trace(const EngineConfig& config) {

@@ -127,6 +127,14 @@ TEST_P(StatsTest, CountsMatchTheTrafficMoved) {
   // The callbacks ran on the callback thread, so each waited in its queue.
   EXPECT_GE(s.callback_delay.count, transfers);
   EXPECT_GT(s.workers[0].transfer_latency.quantile_upper(0.5), 0.0);
+
+  // After stop, the last figures stay readable.
+  e.stop();
+  const EngineStats last = e.stats();
+  EXPECT_EQ(last.transfers_ok(), transfers);
+  EXPECT_EQ(last.bytes_completed(), bytes);
+  EXPECT_EQ(last.workers.size(), 1u);
+  EXPECT_EQ(e.stats().imms_received(), last.imms_received());
 }
 
 TEST_P(StatsTest, BackPressureIsCountedAndTheBytesStayExact) {
@@ -337,6 +345,20 @@ TEST_P(StatsTest, TheTraceFileHoldsTransfersImmediatesAndUserSpans) {
   EXPECT_NE(j.find("\"name\":\"kv\""), std::string::npos) << "the user track is named";
   EXPECT_NE(j.find("\"status\":\"OK\""), std::string::npos);
   std::filesystem::remove(path);
+}
+
+TEST_P(StatsTest, PercentPInTheTraceFileBecomesTheProcessId) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto want = dir / ("ferry_pid_" + GetParam() + "_" + std::to_string(::getpid()) + ".json");
+  std::filesystem::remove(want);
+  {
+    EngineConfig c = config();
+    c.trace_file = (dir / ("ferry_pid_" + GetParam() + "_%p.json")).string();
+    TransferEngine e(c);
+    ASSERT_TRUE(e.tracing());
+  }
+  EXPECT_TRUE(std::filesystem::exists(want)) << want;
+  std::filesystem::remove(want);
 }
 
 TEST_P(StatsTest, TheTraceRingIsBoundedAndSaysWhatItDropped) {
