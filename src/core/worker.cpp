@@ -20,7 +20,6 @@ namespace ferry::core {
 
 namespace {
 
-constexpr size_t kCommandsPerStep = 32;
 // Per NIC limits come from DomainInfo (post_budget, max_outstanding); this is
 // only the size of one post_writes call.
 constexpr size_t kPostsPerCall = 64;
@@ -406,9 +405,13 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
 // --------------------------------------------------------------- commands
 
 bool Worker::drain_commands() {
-  Command cmds[kCommandsPerStep];
-  size_t n = queue_.try_dequeue_bulk(cmds, kCommandsPerStep);
-  for (size_t i = 0; i < n; ++i) handle(cmds[i]);
+  // Under loop_mu_ (the worker, or a submitter posting for it).
+  const size_t n = queue_.try_dequeue_bulk(drained_.begin(), drained_.size());
+  for (size_t i = 0; i < n; ++i) {
+    handle(drained_[i]);
+    // What a handled command still holds (a control call's captures) goes now.
+    drained_[i] = Command{};
+  }
   return n > 0;
 }
 

@@ -224,6 +224,11 @@ class Worker final : public OpHost {
   std::vector<DomainInfo> infos_;
 
   moodycamel::ConcurrentQueue<Command> queue_;
+  // drain_commands' landing area, kept rather than built on each call: an
+  // array of Commands on the stack is value-initialised (a memset of every
+  // Command) and destroyed on every turn of the loop, idle or not.
+  static constexpr size_t kCommandsPerStep = 32;
+  std::array<Command, kCommandsPerStep> drained_;
   std::atomic<uint64_t> inflight_{0};
   std::atomic<int32_t> blocked_{0};
   std::atomic<bool> closed_{false};
