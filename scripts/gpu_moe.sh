@@ -4,6 +4,11 @@
 #                                   unit tests into .moe-carry/ (ignored by git)
 #   scripts/gpu_moe.sh run [quick|full] [OUT]   there (device tool, carry: [".moe-carry"]):
 #                                   unit tests, GPU tests, decode and prefill benchmarks
+#   scripts/gpu_moe.sh multi N [OUT] there, on a machine of N GPUs (issue: multi-GPU runs):
+#                                   EP N, one rank per GPU, one NVLink node; decode (128
+#                                   tokens, hidden 7168, top-8, 256 experts) in fp8 and
+#                                   bf16, prefill (4096 tokens) in fp8; each with NCCL
+#                                   all_to_all_single of the same payloads in the same job
 # quick: 20 graph replays and short benchmarks; full: 1000 replays, 2000 iterations.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,8 +55,29 @@ run)
     >> "$OUT/bench.log" 2>&1
   echo "bench prefill nvlink rc=$?" | tee -a "$OUT/summary.txt"
   ;;
+multi)
+  N=${2:?usage: $0 multi N [OUT]}
+  OUT=${3:-${OUT:-/tmp/moe-multi-out}}
+  mkdir -p "$OUT"
+  [ -x /opt/torch/.venv/bin/python3 ] && export PATH=/opt/torch/.venv/bin:$PATH
+  export PYTHONPATH=$PWD/.moe-carry LD_LIBRARY_PATH=$PWD/.moe-carry/lib:${LD_LIBRARY_PATH:-} \
+         FERRY_LOG=warn PYTHONUNBUFFERED=1
+  ITERS=${ITERS:-1000}
+  { nvidia-smi -L; nvidia-smi topo -m; python3 -c 'import torch; print("torch", torch.__version__)'; } \
+    > "$OUT/summary.txt" 2>&1
+  for dt in float8_e4m3fn bfloat16; do
+    timeout ${BENCH_TIMEOUT:-180} python3 -m ferry.moe.bench --world "$N" --gpus "$N" --mode nvlink \
+      --tokens 128 --in-dtype $dt --iters $ITERS --output "$OUT/bench-ep$N-decode-$dt.json" \
+      >> "$OUT/bench.log" 2>&1
+    echo "ep$N decode $dt rc=$?" | tee -a "$OUT/summary.txt"
+  done
+  timeout ${BENCH_TIMEOUT:-180} python3 -m ferry.moe.bench --world "$N" --gpus "$N" --mode nvlink \
+    --tokens 4096 --iters $((ITERS / 10)) --warmup 5 --output "$OUT/bench-ep$N-prefill.json" \
+    >> "$OUT/bench.log" 2>&1
+  echo "ep$N prefill rc=$?" | tee -a "$OUT/summary.txt"
+  ;;
 *)
-  echo "usage: $0 carry | run [quick|full] [OUT]" >&2
+  echo "usage: $0 carry | run [quick|full] [OUT] | multi N [OUT]" >&2
   exit 2
   ;;
 esac

@@ -1,6 +1,7 @@
-"""python -m ferry.moe.bench: dispatch/combine latency, ranks sharing one GPU.
+"""python -m ferry.moe.bench: dispatch/combine latency, ranks sharing one GPU
+(or spread over --gpus GPUs).
 
-Each rank is a spawned process on cuda:0. Per iteration (routes re-randomised
+Each rank is a spawned process on cuda:(rank % gpus). Per iteration (routes re-randomised
 from a pool of pre-generated index sets on the device), CUDA events time:
 dispatch send, dispatch recv, combine send, combine recv as separate halves
 with a host synchronisation and a barrier of all ranks between them (a layer's
@@ -12,7 +13,10 @@ same run: the same dispatch and combine of the combined batch (world x
 tokens) in one process with plain PyTorch gather/scatter (argsort,
 index_select, weighted index_add), the memory-bound floor of the GPU. The
 proxy's own latencies (GPU signal -> first post, routes in -> second post)
-come from the C++ proxy. Results as JSON on stdout (and --output).
+come from the C++ proxy. With one GPU per rank (--gpus >= --world), NCCL
+all_to_all_single of the same payloads runs in the same job as the second
+baseline (nccl_dispatch, nccl_combine and the ratios against them). Results as
+JSON on stdout (and --output).
 """
 
 from __future__ import annotations
@@ -34,6 +38,41 @@ def _stats(v: list) -> dict:
     return {"n": len(v), "p50": q(0.5), "p99": q(0.99), "min": v[0], "mean": sum(v) / len(v)}
 
 
+def _nccl_baseline(a, rank: int, dev, hs: int, in_t, out_t) -> dict:
+    """NCCL all_to_all_single of the same payloads (one GPU per rank only: NCCL
+    refuses two ranks on one device). Dispatch: every rank sends tokens * k rows
+    of hidden elements (plus the fp32 block scales), an equal share to each rank;
+    combine: the same rows back in out_dtype. Timed with CUDA events, as above."""
+    import torch
+    import torch.distributed as dist
+
+    group = dist.new_group(backend="nccl")
+    in_size = torch.tensor([], dtype=in_t).element_size()
+    out_size = torch.tensor([], dtype=out_t).element_size()
+    rows = a.tokens * a.k
+    share = -(-rows // a.world)  # rows per destination, rounded up
+    d_row, c_row = a.hidden * in_size + hs * 4, a.hidden * out_size
+    send_d = torch.empty(share * a.world * d_row, dtype=torch.uint8, device=dev)
+    recv_d = torch.empty_like(send_d)
+    send_c = torch.empty(share * a.world * c_row, dtype=torch.uint8, device=dev)
+    recv_c = torch.empty_like(send_c)
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+    out = {"dispatch": [], "combine": []}
+    for it in range(a.warmup + a.iters):
+        dist.barrier(group=group)
+        ev[0].record()
+        dist.all_to_all_single(recv_d, send_d, group=group)
+        ev[1].record()
+        dist.all_to_all_single(recv_c, send_c, group=group)
+        ev[2].record()
+        ev[2].synchronize()
+        if it >= a.warmup:
+            out["dispatch"].append(ev[0].elapsed_time(ev[1]) * 1000)
+            out["combine"].append(ev[1].elapsed_time(ev[2]) * 1000)
+    dist.destroy_process_group(group)
+    return out
+
+
 def _worker(rank: int, a, init: str, q) -> None:
     import torch
     import torch.distributed as dist
@@ -41,9 +80,10 @@ def _worker(rank: int, a, init: str, q) -> None:
     import ferry.moe as moe
 
     os.environ.setdefault("FERRY_LOG", "warn")
-    torch.cuda.set_device(0)
+    gpu = rank % a.gpus
+    torch.cuda.set_device(gpu)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=a.world)
-    dev = torch.device("cuda", 0)
+    dev = torch.device("cuda", gpu)
     try:
         E, K, H, T = a.experts, a.k, a.hidden, a.tokens
         node = a.world if a.mode == "nvlink" else 1
@@ -108,6 +148,8 @@ def _worker(rank: int, a, init: str, q) -> None:
         res = {"rank": rank, "samples": samples,
                "proxy_signal_to_first_post_us": [v / 1000 for v in lat[0][-a.iters:]],
                "proxy_routes_to_second_post_us": [v / 1000 for v in lat[1][-a.iters:]]}
+        if a.gpus >= a.world:
+            res["nccl"] = _nccl_baseline(a, rank, dev, hs, in_t, out_t)
         # The baseline, rank 0 alone while the others wait: one process, the
         # combined batch of every rank, plain PyTorch.
         dist.barrier()
@@ -153,6 +195,9 @@ def _worker(rank: int, a, init: str, q) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=4)
+    p.add_argument("--gpus", type=int, default=1,
+                   help="GPUs to spread the ranks over (rank r on cuda:r %% gpus); with one GPU "
+                        "per rank the NCCL all_to_all_single baseline runs in the same job")
     p.add_argument("--mode", choices=["nvlink", "proxy"], default="nvlink",
                    help="nvlink: one node of all ranks (CUDA IPC); proxy: one node per rank (engine + host proxy)")
     p.add_argument("--provider", default="shm")
@@ -201,6 +246,11 @@ def main(argv=None) -> int:
     report["floor_combine"] = _stats(floor["combine"])
     report["ratio_dispatch_p50_vs_floor"] = report["dispatch_both"]["p50"] / report["floor_dispatch"]["p50"]
     report["ratio_combine_p50_vs_floor"] = report["combine_both"]["p50"] / report["floor_combine"]["p50"]
+    nccl = [r["nccl"] for r in res if "nccl" in r]
+    if nccl:
+        for key in ("dispatch", "combine"):
+            report[f"nccl_{key}"] = _stats([v for n in nccl for v in n[key]])
+            report[f"ratio_{key}_p50_vs_nccl"] = report[f"{key}_both"]["p50"] / report[f"nccl_{key}"]["p50"]
     report["proxy_signal_to_first_post_us"] = _stats([v for r in res for v in r["proxy_signal_to_first_post_us"]])
     report["proxy_routes_to_second_post_us"] = _stats([v for r in res for v in r["proxy_routes_to_second_post_us"]])
     text = json.dumps(report, indent=1)
