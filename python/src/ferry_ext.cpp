@@ -820,6 +820,12 @@ class PyEngine {
       throw Error(Code::kFailedPrecondition, "the transfer engine is stopped");
     return *engine_;
   }
+  // The same, stopped or not, for what a stopped engine still answers
+  // (statistics as stop() left them; trace spans, dropped after stop).
+  TransferEngine& observed() {
+    if (!engine_) throw Error(Code::kFailedPrecondition, "the transfer engine is stopped");
+    return *engine_;
+  }
 
   ~PyEngine() { shutdown(); }
   PyEngine(const PyEngine&) = delete;
@@ -1879,7 +1885,7 @@ NB_MODULE(_ferry, m) {
       .def("imm_counter_gpu", &E::imm_counter_gpu, "imm"_a.none(), "count"_a.none())
       .def("stop", &E::stop);
   (void)none;
-  register_stats(m, [](nb::handle e) -> TransferEngine& { return nb::cast<E&>(e).native(); });
+  register_stats(m, [](nb::handle e) -> TransferEngine& { return nb::cast<E&>(e).observed(); });
   register_moe(m);  // ferry._ferry._moe (moe_ext.cpp)
   bind_kv(m, EngineAccess{[](nb::handle e) -> TransferEngine& { return nb::cast<E&>(e).native(); },
                           &prepared_of, &retake_gil});  // ferry.kv (kv_ext.cpp)
