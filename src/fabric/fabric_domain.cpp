@@ -599,7 +599,7 @@ void FabricDomain::remove_peer(core::PeerId peer) {
     }
     peers_.erase(it);
     if (auto tp = socket_peers_.find(peer); tp != socket_peers_.end()) {
-      if (tp->second->dead && dead_socket_peers_ > 0) --dead_socket_peers_;
+      forget_socket_peer(*tp->second);
       socket_peers_.erase(tp);
     }
     if (auto sp = shm_peers_.find(peer); sp != shm_peers_.end()) {

@@ -264,6 +264,8 @@ class FabricDomain final : public core::Domain {
   // answers of probes started earlier.
   void scan_for_stalled_peers(Clock::time_point now);
   void take_probe_answer(SocketPeer& p, ConnectProbe::Answer answer);
+  // Before an entry goes (removed or replaced): the counts below.
+  void forget_socket_peer(const SocketPeer& p);
   // After a post to `peer` returned `ret`: a peer refusing posts for a while is
   // probed too (the provider may hold nothing of ours for it).
   void note_socket_post(fi_addr_t peer, ssize_t ret);
@@ -359,6 +361,7 @@ class FabricDomain final : public core::Domain {
   bool socket_probe_ = false;
   std::unordered_map<fi_addr_t, std::unique_ptr<SocketPeer>> socket_peers_;
   size_t dead_socket_peers_ = 0;
+  size_t refusing_peers_ = 0;  // live ones with eagain_since set
   uint32_t scan_ = 0;
   Clock::time_point next_stall_scan_{};
 

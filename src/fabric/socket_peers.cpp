@@ -44,15 +44,23 @@ void FabricDomain::track_socket_peer(fi_addr_t addr, std::span<const uint8_t> ra
   if (!ConnectProbe::is_inet(raw)) return;
   auto p = std::make_unique<SocketPeer>();
   p->addr.assign(raw.begin(), raw.end());
-  if (auto old = socket_peers_.find(addr);
-      old != socket_peers_.end() && old->second->dead && dead_socket_peers_ > 0)
-    --dead_socket_peers_;
+  if (auto old = socket_peers_.find(addr); old != socket_peers_.end())
+    forget_socket_peer(*old->second);
   socket_peers_[addr] = std::move(p);
+}
+
+void FabricDomain::forget_socket_peer(const SocketPeer& p) {
+  if (p.dead && dead_socket_peers_ > 0) --dead_socket_peers_;
+  if (p.eagain_since != Clock::time_point{} && refusing_peers_ > 0) --refusing_peers_;
 }
 
 void FabricDomain::take_probe_answer(SocketPeer& p, ConnectProbe::Answer answer) {
   if (answer != ConnectProbe::Answer::kRefused || p.dead) return;
   p.dead = true;
+  if (p.eagain_since != Clock::time_point{}) {
+    p.eagain_since = {};
+    if (refusing_peers_ > 0) --refusing_peers_;
+  }
   ++dead_socket_peers_;
   orphan_scan_ = true;
   orphan_pos_ = 0;
@@ -84,10 +92,15 @@ void FabricDomain::scan_for_stalled_peers(Clock::time_point now) {
 
 void FabricDomain::note_socket_post(fi_addr_t peer, ssize_t ret) {
   if (ret != -FI_EAGAIN) {
-    if (ret == 0 && !socket_peers_.empty()) {
-      // The common case, kept to one lookup: a peer that takes posts is not suspect.
-      if (SocketPeer* p = socket_peer(peer); p != nullptr) p->eagain_since = {};
-    }
+    // The common case costs one compare: only while some peer refuses posts is
+    // the one that took this post looked up (a peer that takes posts is not
+    // suspect).
+    if (ret == 0 && refusing_peers_ > 0)
+      if (SocketPeer* p = socket_peer(peer);
+          p != nullptr && p->eagain_since != Clock::time_point{}) {
+        p->eagain_since = {};
+        --refusing_peers_;
+      }
     return;
   }
   SocketPeer* p = socket_peer(peer);
@@ -99,6 +112,7 @@ void FabricDomain::note_socket_post(fi_addr_t peer, ssize_t ret) {
   }
   if (p->eagain_since == Clock::time_point{}) {
     p->eagain_since = now;
+    ++refusing_peers_;
     return;
   }
   if (now - p->eagain_since < kStallScans * kStallScanPeriod || now < p->next_probe) return;
