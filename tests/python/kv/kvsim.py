@@ -122,6 +122,7 @@ class Rank:
             return
         seed = rid
         if mode.get("hold_accept"):
+            self.results[f"held:{rid}"] = True  # the application has it, unaccepted
             self.released.setdefault(rid, threading.Event()).wait(20)
         try:
             job = self.sender.accept(rid, pages)
@@ -203,6 +204,12 @@ def main(provider, nics, tp, num_pages, lay_kw, env, cmd_q, res_q, use_watcher=F
                 for r in ranks:
                     r.released.setdefault(cmd[1], threading.Event()).set()
                 res_q.put(("ok", None))
+            elif op == "held":  # wait until every rank's application holds req_id
+                end = time.monotonic() + cmd[2]
+                while time.monotonic() < end and not all(f"held:{cmd[1]}" in r.results
+                                                         for r in ranks):
+                    time.sleep(0.005)
+                res_q.put(("ok", all(f"held:{cmd[1]}" in r.results for r in ranks)))
             elif op == "result":  # wait until every rank has a result for req_id
                 end = time.monotonic() + cmd[2]
                 while time.monotonic() < end and not all(cmd[1] in r.results for r in ranks):

@@ -42,10 +42,11 @@ def wait_arrivals(req, n, timeout=20):
         time.sleep(0.001)
 
 
-def wait_pending(peer, timeout=20):
-    end = time.monotonic() + timeout
-    while peer.call("stats")[0]["pending"] == 0:
-        assert time.monotonic() < end, "the request never reached the prefiller"
+def wait_held(peer, rid, timeout=20):
+    # Not the sender's pending count: a request is pending before the application's
+    # wait_request() takes it, and an abort in between drops it before the application
+    # ever sees it (then nothing is left to refuse).
+    assert peer.call("held", rid, timeout), "the request never reached the prefill application"
 
 
 def wait_refusal(peer, name, n=1, timeout=20):
@@ -65,7 +66,7 @@ def test_decoder_aborts_before_during_and_after(kind, make_peer, make_decode):
     # zero writes, and the prefiller's later accept is refused (the id is dead).
     peer.call("mode", 1, {"hold_accept": True})
     req, pages, _ = start(d, 1)
-    wait_pending(peer)  # the prefill application holds it, unaccepted
+    wait_held(peer, 1)  # the prefill application holds it, unaccepted
     req.abort(timeout=10)
     assert req.released and isinstance(req.error, RequestAborted)
     peer.call("release", 1)
