@@ -31,6 +31,9 @@ enum class QueueFull : uint8_t { kBlock, kRefuse };
 // that return within microseconds and never block, typically posting a reply
 // (a submit from a worker never waits for admission: a full group throws
 // kResourceExhausted). With several groups it may run on two workers at once.
+// With adaptive polling it may also run on a thread that polls for an idle
+// worker from ImmCounter::try_consume or wait (see there), never at the same
+// time as that worker.
 enum class CallbackOn : uint8_t { kCallbackThread, kWorker };
 
 // One worker thread and its NICs, serving one GPU (or the host).
@@ -130,10 +133,16 @@ class ImmCounter {
   bool valid() const { return s_ != nullptr; }
   // Arrivals not yet consumed.
   int64_t value() const;
-  // Consume n arrivals if they are there; never blocks.
+  // Consume n arrivals if they are there; never blocks. With adaptive polling
+  // (NICs any thread may drive: libfabric), a call that finds too few polls
+  // the engine's NICs itself when their worker is yielding or asleep, so an
+  // arrival is counted without waiting for that worker to be scheduled; the
+  // worker's work found on the way (CallbackOn::kWorker callbacks among it)
+  // then runs on the calling thread.
   bool try_consume(int64_t n);
   // Wait until n arrivals can be consumed, then consume them. Returns
   // kDeadlineExceeded (consuming nothing) when the deadline passes first.
+  // Polls like try_consume while it spins, not once it sleeps.
   Status wait(int64_t n, std::chrono::nanoseconds timeout);
 
  private:

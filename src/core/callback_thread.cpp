@@ -1,5 +1,7 @@
 #include "core/callback_thread.h"
 
+#include <sched.h>
+
 #include "core/imm_table.h"
 #include "core/log.h"
 
@@ -23,8 +25,18 @@ void CallbackThread::stop() {
 void CallbackThread::run() {
   pin_current_thread(cpu_, "callback thread");
   Queued batch[32];
+  int64_t last_event_ns = 0;
   for (;;) {
-    size_t n = q_.wait_dequeue_bulk_timed(batch, 32, std::chrono::milliseconds(50));
+    size_t n = q_.try_dequeue_bulk(batch, 32);
+    if (n == 0) {
+      ProgressHelp* help = help_.load(std::memory_order_acquire);
+      if (help && now_ns() - last_event_ns < help_window_ns_.load(std::memory_order_relaxed)) {
+        if (!help->try_help()) ::sched_yield();
+        continue;
+      }
+      n = q_.wait_dequeue_bulk_timed(batch, 32, std::chrono::milliseconds(50));
+    }
+    if (n > 0) last_event_ns = now_ns();
     if constexpr (kStatsEnabled)
       if (n > 0) {
         const int64_t now = now_ns();

@@ -6,12 +6,14 @@
 
 #include <concurrentqueue/blockingconcurrentqueue.h>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <thread>
 #include <variant>
 
+#include "core/progress_help.h"
 #include "core/stats.h"
 #include "ferry/types.h"
 
@@ -48,6 +50,13 @@ class CallbackThread {
     else
       q_.enqueue(Queued{std::move(ev), 0});
   }
+  // For `window` after each event the thread polls for idle workers instead of
+  // sleeping (progress_help.h), so an immediate that fires a callback needs no
+  // wake-up of this thread. `help` must outlive the thread's run.
+  void set_progress_help(ProgressHelp* help, std::chrono::nanoseconds window) {
+    help_window_ns_.store(window.count(), std::memory_order_relaxed);
+    help_.store(help, std::memory_order_release);
+  }
   // Drains what is queued, then joins.
   void stop();
   uint64_t callback_failures() const { return failures_.load(); }
@@ -71,6 +80,8 @@ class CallbackThread {
   moodycamel::BlockingConcurrentQueue<Queued> q_;
   StatHistogram delay_;
   std::atomic<bool> stop_{false};
+  std::atomic<ProgressHelp*> help_{nullptr};
+  std::atomic<int64_t> help_window_ns_{0};
   std::atomic<uint64_t> failures_{0};
   std::thread thread_;
 };

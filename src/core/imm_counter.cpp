@@ -13,13 +13,23 @@ int64_t ImmCounter::value() const {
   return s_ ? s_->value.load(std::memory_order_acquire) : 0;
 }
 
-bool ImmCounter::try_consume(int64_t n) {
-  if (!s_) return false;
-  int64_t v = s_->value.load(std::memory_order_acquire);
+namespace {
+
+bool consume(ImmCounter::State& s, int64_t n) {
+  int64_t v = s.value.load(std::memory_order_acquire);
   while (v >= n) {
-    if (s_->value.compare_exchange_weak(v, v - n, std::memory_order_acq_rel)) return true;
+    if (s.value.compare_exchange_weak(v, v - n, std::memory_order_acq_rel)) return true;
   }
   return false;
+}
+
+}  // namespace
+
+bool ImmCounter::try_consume(int64_t n) {
+  if (!s_) return false;
+  if (consume(*s_, n)) return true;
+  // Not there yet: poll for it here if the worker idles (progress_help.h).
+  return s_->help && s_->help->try_help() && consume(*s_, n);
 }
 
 Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout) {
@@ -52,14 +62,15 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout) {
   s_->waiters.fetch_add(1, std::memory_order_seq_cst);
   std::unique_lock lk(s_->mu);
   Status st;
+  // No helping from here: an arrival counted on this thread would take mu.
   for (;;) {
-    if (try_consume(n)) break;
+    if (consume(*s_, n)) break;
     if (s_->cancelled.load(std::memory_order_acquire)) {
       st = cancelled();
       break;
     }
     if (s_->cv.wait_until(lk, deadline) == std::cv_status::timeout) {
-      if (!try_consume(n))
+      if (!consume(*s_, n))
         st = Status(Code::kDeadlineExceeded, "ImmCounter::wait: " + std::to_string(n) +
                                                  " arrivals not reached (have " +
                                                  std::to_string(value()) + ")");
@@ -130,6 +141,7 @@ ImmCounter ImmTable::counter(uint32_t imm) {
     if (e.expected || e.gpu) conflict(imm, kind_of(nullptr, e.expected), "imm_counter");
     e = Entry{std::make_shared<ImmCounter::State>(), nullptr, nullptr};
     e.counter->waits = waits_;
+    e.counter->help = help_;
   }
   return ImmCounter(e.counter);
 }

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/progress_help.h"
 #include "core/stats.h"
 #include "ferry/engine.h"
 
@@ -27,6 +28,8 @@ struct ImmCounter::State {
   // Where wait() records how long it took (the engine's statistics; shared,
   // since a counter may outlive its engine).
   std::shared_ptr<core::StatHistogram> waits;
+  // Set while the engine lets a waiting thread poll its NICs (progress_help.h).
+  std::shared_ptr<core::ProgressHelp> help;
 
   void cancel() {
     cancelled.store(true, std::memory_order_seq_cst);
@@ -94,6 +97,11 @@ class ImmTable {
   static constexpr uint32_t kMaxPlainEvents = 1u << 16;
   // ImmCounter::wait durations, all counters together.
   const StatHistogram& counter_waits() const { return *waits_; }
+  // Counters made from now on let their waiters help the workers progress.
+  void set_progress_help(std::shared_ptr<ProgressHelp> help) {
+    std::unique_lock lk(mu_);
+    help_ = std::move(help);
+  }
 
   // Worker side: `n` immediates with value imm arrived (their data is visible).
   void on_arrival(uint32_t imm, uint32_t n = 1);
@@ -118,6 +126,7 @@ class ImmTable {
   std::atomic<uint32_t> plain_queued_{0};
   std::atomic<uint64_t> dropped_plain_{0};
   std::shared_ptr<StatHistogram> waits_ = std::make_shared<StatHistogram>();
+  std::shared_ptr<ProgressHelp> help_;
 };
 
 }  // namespace ferry::core

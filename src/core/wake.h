@@ -25,6 +25,7 @@ struct WakeCounters {
   std::atomic<uint64_t> naps{0};           // a NIC had no wait object: slept a short nap instead
   std::atomic<uint64_t> notifies{0};       // eventfd writes by submitters
   std::atomic<uint64_t> inline_posts{0};   // submitters that posted while the worker idled
+  std::atomic<uint64_t> helped_polls{0};   // waiters' polls that found work while the worker idled
   std::atomic<int64_t> asleep{0};          // gauge: workers inside poll(2) or a nap now
 };
 

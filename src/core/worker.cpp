@@ -37,6 +37,14 @@ constexpr auto kMaxBlock = std::chrono::milliseconds(10);
 
 thread_local bool t_worker_thread = false;
 
+// The worker takes its loop lock back after yielding or blocking. A submitter
+// or a helping waiter holds it for a few microseconds: yield until it is free
+// rather than sleep on the mutex, whose unlock would then cost that thread a
+// futex wake on its way to the wire.
+void relock(std::unique_lock<std::mutex>& loop) {
+  while (!loop.try_lock()) ::sched_yield();
+}
+
 }  // namespace
 
 IdleSpin resolve_idle_spin(std::chrono::microseconds configured) {
@@ -193,6 +201,27 @@ void Worker::post_inline() {
   wake_counters().inline_posts.fetch_add(1, std::memory_order_relaxed);
 }
 
+bool Worker::help_progress() {
+  if (!inline_posts_ || t_worker_thread) return false;
+  std::unique_lock loop(loop_mu_, std::try_to_lock);
+  if (!loop.owns_lock() || stop_.load(std::memory_order_acquire)) return false;
+  struct AsWorker {
+    AsWorker() { t_worker_thread = true; }
+    ~AsWorker() { t_worker_thread = false; }
+  } as_worker;
+  bool busy = drain_commands();
+  busy |= progress_posts();
+  const bool polled = poll_completions();
+  // What an inline callback just submitted goes out now, not at the worker's
+  // next turn.
+  if (polled && queue_.size_approx() != 0) {
+    drain_commands();
+    progress_posts();
+  }
+  if (busy || polled) wake_counters().helped_polls.fetch_add(1, std::memory_order_relaxed);
+  return busy || polled;
+}
+
 Status Worker::call(std::function<Status()> fn, std::chrono::milliseconds timeout) {
   if (stop_.load()) return Status(Code::kFailedPrecondition, "engine is stopped");
   // The promise is shared so a caller that gave up leaves nothing dangling.
@@ -254,7 +283,7 @@ void Worker::run(std::promise<Status>* init) {
   auto yield_cpu = [&] {
     loop.unlock();
     ::sched_yield();
-    loop.lock();
+    relock(loop);
   };
   // Naps and poll(2) timeouts are short; the default 50 µs of slack would
   // make a 20 µs nap last 70.
@@ -376,7 +405,7 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
     wc.blocks.fetch_add(1, std::memory_order_relaxed);
     loop.unlock();
     const int ready = ::poll(fds, n, int(timeout.count()));
-    loop.lock();
+    relock(loop);
     if (ready <= 0) {
       wc.by_timer.fetch_add(1, std::memory_order_relaxed);
     } else {
@@ -394,7 +423,7 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
     // A submission ends the nap early.
     loop.unlock();
     ::ppoll(fds, 1, &ts, nullptr);
-    loop.lock();
+    relock(loop);
   }
   wc.asleep.fetch_sub(1, std::memory_order_relaxed);
   wake_.drain();

@@ -123,6 +123,13 @@ class Worker final : public OpHost {
   // fn must own what it captures: after a timeout it may still run. An
   // exception thrown by fn comes back as kInternal, never past the worker.
   Status call(std::function<Status()> fn, std::chrono::milliseconds timeout);
+  // A thread waiting for arrivals polls for the worker while the worker yields
+  // or blocks (progress_help.h); false when it could not or found nothing.
+  // Immediate callbacks declared CallbackOn::kWorker then run on that thread.
+  bool help_progress();
+  // Whether help_progress can ever help (adaptive polling, NICs any thread
+  // may call); known once start() returned.
+  bool can_help() const { return inline_posts_; }
   // Wakes submitters blocked in admit(); they return kFailedPrecondition.
   void close_admission();
   uint64_t in_flight() const { return inflight_.load(std::memory_order_relaxed); }

@@ -49,6 +49,8 @@ bool fits(uint64_t offset, uint64_t len, uint64_t limit) {
 
 struct TransferEngine::Impl {
   core::EngineShared shared;
+  // Null unless every worker can be helped; outlives the threads that use it.
+  std::shared_ptr<core::ProgressHelp> help;
   std::unique_ptr<core::ImmTable> imms;
   std::unique_ptr<core::CallbackThread> callbacks;
   std::vector<std::unique_ptr<core::Worker>> workers;
@@ -273,6 +275,17 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   auto reg = std::make_shared<core::Registration>();
   reg->ptr = sp.mem.get();
   reg->len = sp.buf_len * sp.count;
+  // Waiters on counters poll for idle workers (core/progress_help.h).
+  if (std::all_of(im.workers.begin(), im.workers.end(), [](auto& w) { return w->can_help(); })) {
+    im.help = std::make_shared<core::ProgressHelp>([workers = &im.workers] {
+      bool any = false;
+      for (auto& w : *workers) any |= w->help_progress();
+      return any;
+    });
+    im.imms->set_progress_help(im.help);
+    im.callbacks->set_progress_help(im.help.get(),
+                                    core::resolve_idle_spin(config.spin_before_block).spin);
+  }
   core::Worker* w0 = im.workers[0].get();
   Status err = w0->call(
       [w0, reg] {
@@ -325,7 +338,8 @@ void TransferEngine::stop() {
   for (auto& w : im.workers) w->close_admission();
   im.send_free.close();
   while (im.api_calls.load(std::memory_order_seq_cst) > 0) std::this_thread::yield();
-  im.gpu.stop();  // watcher callbacks may submit: stop them while the workers run
+  im.gpu.stop();                  // watcher callbacks may submit: stop them while the workers run
+  if (im.help) im.help->close();  // no waiter polls a worker from here on
   for (auto& w : im.workers) w->stop();
   // Waiters on counters return kCancelled (transfers were cancelled above).
   if (im.imms) im.imms->cancel_all();

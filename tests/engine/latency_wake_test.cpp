@@ -4,6 +4,8 @@
 // hold on a loaded machine; no latency bound is asserted.
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -21,11 +23,11 @@ using namespace std::chrono_literals;
 using core::wake_counters;
 
 struct Snapshot {
-  uint64_t blocks, by_submission, by_completion, notifies, inline_posts;
+  uint64_t blocks, by_submission, by_completion, notifies, inline_posts, helped_polls;
   static Snapshot now() {
     auto& w = wake_counters();
-    return {w.blocks.load(), w.by_submission.load(), w.by_completion.load(), w.notifies.load(),
-            w.inline_posts.load()};
+    return {w.blocks.load(),   w.by_submission.load(), w.by_completion.load(),
+            w.notifies.load(), w.inline_posts.load(),  w.helped_polls.load()};
   }
 };
 
@@ -56,14 +58,22 @@ class Wake : public ::testing::TestWithParam<std::string> {};
 TEST_P(Wake, BlockedWorkersWakeForASubmissionAndForACompletion) {
   TransferEngine a(adaptive(GetParam())), b(adaptive(GetParam()));
   auto dst = test::region(b, 4096);
-  auto ping = b.imm_counter(7);
+  // Counted on the callback thread, not by a counter: a thread waiting on a
+  // counter would poll the CQ itself (WaiterPollsForASleepingWorker), and the
+  // receiver's worker would not have to wake. With spin_before_block 0 the
+  // callback thread does not poll either.
+  std::atomic<uint64_t> pings{0};
+  b.expect_imm_count(7, 1, [&] { pings++; });
   constexpr int kRounds = 20;
   const Snapshot before = Snapshot::now();
   std::atomic<uint64_t> sent{0};
   for (int i = 0; i < kRounds; ++i) {
     ASSERT_TRUE(all_asleep(2)) << "round " << i << ": workers never blocked";
     a.submit_imm(7, dst.d, OnDone::counter(sent));
-    ASSERT_TRUE(ping.wait(1, 10s).is_ok()) << "round " << i;
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (pings.load() < uint64_t(i + 1) && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+    ASSERT_EQ(pings.load(), uint64_t(i + 1)) << "round " << i;
     // The sender's worker has handled its completion, so the next round finds
     // it asleep again rather than still on its way out of this round's wake.
     const auto deadline = std::chrono::steady_clock::now() + 10s;
@@ -144,6 +154,109 @@ TEST_P(Wake, BusyWorkersNeverBlock) {
   EXPECT_EQ(Snapshot::now().blocks, before.blocks);
   EXPECT_EQ(Snapshot::now().notifies, before.notifies);
   EXPECT_EQ(Snapshot::now().inline_posts, before.inline_posts);  // busy: the worker posts
+  EXPECT_EQ(Snapshot::now().helped_polls, before.helped_polls);  // ...and polls
+}
+
+// One CPU the process may run on.
+int first_allowed_cpu() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) return c;
+  return 0;
+}
+
+// A thread spinning on a counter while the worker yields polls the NIC itself
+// (core/progress_help.h) and counts the arrival, instead of waiting for the
+// worker to be scheduled again. The workers are pinned to one CPU, so they
+// yield between turns (they would spin holding their NICs on a CPU of their
+// own), and spin for the whole test instead of blocking.
+TEST_P(Wake, WaiterPollsForAYieldingWorker) {
+  EngineConfig c = test::config_for(GetParam());
+  c.poll_mode = PollMode::kAdaptive;
+  c.spin_before_block = 60'000'000us;
+  c.groups[0].worker_cpu = first_allowed_cpu();
+  TransferEngine a(c), b(c);
+  auto dst = test::region(b, 4096);
+  auto ping = b.imm_counter(7);
+  constexpr int kRounds = 200;
+  const Snapshot before = Snapshot::now();
+  for (int i = 0; i < kRounds; ++i) {
+    a.submit_imm(7, dst.d, OnDone::none());
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!ping.try_consume(1))
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "round " << i << ": no arrival";
+  }
+  EXPECT_EQ(ping.value(), 0);  // every arrival counted once
+  // The worker counts some arrivals itself; without helping the count stays 0.
+  EXPECT_GE(Snapshot::now().helped_polls - before.helped_polls, uint64_t(kRounds / 10));
+}
+
+// An inline callback (CallbackOn::kWorker) may run on a waiter that polls
+// for the worker; it still fires once per arrival, and what it submits is
+// posted (the waiter posts it before it lets go of the worker).
+TEST_P(Wake, InlineCallbackOnAHelpingWaiterFiresOnceAndItsReplyGoesOut) {
+  TransferEngine a(adaptive(GetParam())), b(adaptive(GetParam()));
+  auto on_a = test::region(a, 4096), on_b = test::region(b, 4096);
+  std::atomic<bool> done{false};
+  std::thread::id helper_id;
+  std::atomic<int> ran{0}, ran_on_helper{0};
+  std::thread helper;
+  {
+    auto never = b.imm_counter(13);
+    helper = std::thread([&done, never]() mutable {
+      while (!done.load()) never.try_consume(1);
+    });
+  }
+  helper_id = helper.get_id();
+  b.expect_imm_count(
+      9, 1,
+      [&] {
+        ran++;
+        if (std::this_thread::get_id() == helper_id) ran_on_helper++;
+        b.submit_imm(10, on_a.d, OnDone::none());
+      },
+      CallbackOn::kWorker);
+  auto pong = a.imm_counter(10);
+  constexpr int kRounds = 50;
+  for (int i = 0; i < kRounds; ++i) {
+    a.submit_imm(9, on_b.d, OnDone::none());
+    ASSERT_TRUE(pong.wait(1, 10s).is_ok()) << "round " << i;
+  }
+  done = true;
+  helper.join();
+  EXPECT_EQ(ran.load(), kRounds);
+  EXPECT_GE(ran_on_helper.load(), 1);
+}
+
+// Waiters helping from several threads count each arrival exactly once, and
+// stop() returns while they still spin; their calls after it return false.
+TEST_P(Wake, ConcurrentHelpersCountExactlyAndStopEndsHelping) {
+  TransferEngine a(adaptive(GetParam()));
+  auto b = std::make_unique<TransferEngine>(adaptive(GetParam()));
+  auto on_b = test::region(*b, 4096);
+  auto ping = b->imm_counter(7);
+  constexpr uint64_t kSent = 2000;
+  std::atomic<uint64_t> consumed{0};
+  std::atomic<bool> quit{false};
+  std::vector<std::thread> waiters;
+  for (int t = 0; t < 4; ++t)
+    waiters.emplace_back([&, c = ping]() mutable {
+      while (!quit.load())
+        if (c.try_consume(1)) consumed++;
+    });
+  for (uint64_t i = 0; i < kSent; ++i) a.submit_imm(7, on_b.d, OnDone::none());
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (consumed.load() < kSent && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  EXPECT_EQ(consumed.load(), kSent);
+  b->stop();  // the waiters keep calling try_consume meanwhile
+  b.reset();
+  quit = true;
+  for (auto& w : waiters) w.join();
+  EXPECT_EQ(consumed.load(), kSent);
+  EXPECT_FALSE(ping.try_consume(1));
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, Wake, ::testing::Values("fake", "tcp"),
