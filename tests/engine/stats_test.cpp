@@ -11,7 +11,6 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -21,6 +20,7 @@
 #include "support/checks.h"
 #include "support/engine_config.h"
 #include "support/process.h"
+#include "support/text_file.h"
 
 namespace ferry {
 namespace {
@@ -327,16 +327,9 @@ TEST_P(StatsTest, TheTraceFileHoldsTransfersImmediatesAndUserSpans) {
     e.trace_span("layer 0 pushed", t0, TransferEngine::trace_clock_ns(), "kv");
     e.trace_instant("step end", TransferEngine::trace_clock_ns(), "kv");
   }  // written at stop
-  std::ifstream in(path);
-  ASSERT_TRUE(in.good()) << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string j = ss.str();
-  auto count = [&](const std::string& needle) {
-    size_t n = 0;
-    for (size_t at = j.find(needle); at != std::string::npos; at = j.find(needle, at + 1)) ++n;
-    return n;
-  };
+  const std::string j = test::read_text(path);
+  ASSERT_FALSE(j.empty()) << path;
+  auto count = [&](const std::string& needle) { return test::occurrences(j, needle); };
   EXPECT_EQ(j.rfind("{\"displayTimeUnit\"", 0), 0u);
   EXPECT_EQ(count("\"name\":\"paged_writes\""), 3u);
   EXPECT_EQ(count("\"cat\":\"imm\""), 12u) << "one instant per immediate completion";
@@ -377,10 +370,7 @@ TEST_P(StatsTest, TheTraceRingIsBoundedAndSaysWhatItDropped) {
     EXPECT_TRUE(test::wait_until([&] { return e.stats().trace_events_dropped == 32; }, 10s))
         << e.stats().trace_events_dropped;
   }
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  EXPECT_NE(ss.str().find("trace ring dropped 32 older events"), std::string::npos);
+  EXPECT_NE(test::read_text(path).find("trace ring dropped 32 older events"), std::string::npos);
   std::filesystem::remove(path);
 }
 

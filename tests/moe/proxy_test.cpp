@@ -13,10 +13,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -27,6 +25,7 @@
 #include "moe/proxy.h"
 #include "moe/routing.h"
 #include "support/engine_config.h"
+#include "support/text_file.h"
 
 namespace ferry::moe {
 namespace {
@@ -383,21 +382,13 @@ TEST(MoeProxyTrace, EveryIterationWritesItsPhasesOnTheRanksTrack) {
     for (uint32_t r = 0; r < w.size(); ++r) w[r].proxy->stop();
     w[0].engine->stop();  // writes the trace
   }
-  std::ifstream in(path);
-  ASSERT_TRUE(in.good()) << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string j = ss.str();
-  auto at = [&](const std::string& needle) {
-    std::vector<size_t> where;
-    for (size_t p = j.find(needle); p != std::string::npos; p = j.find(needle, p + 1))
-      where.push_back(p);
-    return where;
-  };
+  const std::string j = test::read_text(path);
+  ASSERT_FALSE(j.empty()) << path;
   for (const char* phase : {"moe dispatch", "moe routes exchange", "moe combine", "moe release"})
-    EXPECT_EQ(at(std::string("\"name\":\"") + phase + "\"").size(), size_t(kIterations)) << phase;
-  EXPECT_EQ(at("\"name\":\"moe rank 0 instance 7\"").size(), 1u) << "the track is named";
-  EXPECT_TRUE(at("moe rank 1").empty()) << "rank 1's engine writes no trace";
+    EXPECT_EQ(test::occurrences(j, std::string("\"name\":\"") + phase + "\""), size_t(kIterations))
+        << phase;
+  EXPECT_EQ(test::occurrences(j, "\"name\":\"moe rank 0 instance 7\""), 1u) << "the track is named";
+  EXPECT_EQ(test::occurrences(j, "moe rank 1"), 0u) << "rank 1's engine writes no trace";
   std::filesystem::remove(path);
 }
 

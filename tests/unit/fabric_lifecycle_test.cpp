@@ -19,6 +19,7 @@
 
 #include "core/domain.h"
 #include "fabric/fabric_domain.h"
+#include "support/fabric_target.h"
 #include "support/process.h"
 #include "support/shm_region.h"
 
@@ -32,16 +33,6 @@ using core::PeerId;
 using core::WriteDesc;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
-
-std::unique_ptr<Domain> open_nic(const std::string& provider, const std::string& nic) {
-  core::DomainOptions opts;
-  opts.provider = provider;
-  opts.nic_name = nic;
-  Status st;
-  auto d = open_fabric_domain(opts, &st);
-  EXPECT_NE(d, nullptr) << st.message();
-  return d;
-}
 
 // ------------------------------------------------------------ unknown NICs
 
@@ -118,8 +109,8 @@ class FabricReadOnlyTest : public ::testing::TestWithParam<ProviderNic> {};
 // no immediate (tcp;ofi_rxm and shm complete the write at the initiator all
 // the same), and the same peer's writes to a writable region still work.
 TEST_P(FabricReadOnlyTest, RegionWithoutRemoteAccessTakesNoWrites) {
-  auto a = open_nic(GetParam().provider, GetParam().nic);
-  auto b = open_nic(GetParam().provider, GetParam().nic);
+  auto a = test::open_fabric_nic(GetParam().provider, GetParam().nic);
+  auto b = test::open_fabric_nic(GetParam().provider, GetParam().nic);
   ASSERT_TRUE(a && b);
   Status st;
   std::vector<uint8_t> src(4096, 7), ro(4096, 0), rw(4096, 0);
@@ -204,14 +195,14 @@ class FabricCloseTest : public ::testing::TestWithParam<MrOrder> {};
 TEST_P(FabricCloseTest, ClosingWhileAPeerWritesIntoIt) {
   constexpr size_t kWrite = 256 << 10, kRegion = 8 << 20, kWrites = 256;
   std::vector<uint8_t> src(kRegion, 1), dst(kRegion, 0);
-  auto a = open_nic("tcp;ofi_rxm", "lo");
+  auto a = test::open_fabric_nic("tcp;ofi_rxm", "lo");
   ASSERT_NE(a, nullptr);
   Status st;
   auto smr = a->register_mr(src.data(), src.size(), Device::host(), false, &st);
   ASSERT_NE(smr, nullptr) << st.message();
   for (int it = 0; it < 30; ++it) {
     SCOPED_TRACE("iteration " + std::to_string(it));
-    auto b = open_nic("tcp;ofi_rxm", "lo");
+    auto b = test::open_fabric_nic("tcp;ofi_rxm", "lo");
     ASSERT_NE(b, nullptr);
     auto dmr = b->register_mr(dst.data(), dst.size(), Device::host(), true, &st);
     ASSERT_NE(dmr, nullptr) << st.message();
@@ -301,44 +292,9 @@ INSTANTIATE_TEST_SUITE_P(Orders, FabricCloseTest,
 
 // ----------------------------------------------------- shm peers that die
 
-// The target: an shm domain with a 16 MiB region, polled until it is killed
-// (or a minute has passed). Sends its address, key and base.
+// The target: an shm domain with a 16 MiB region, polled until it is killed.
 int shm_target(test::Channel& ch) {
-  constexpr size_t kRegion = 16 << 20;
-  std::vector<uint8_t> region(kRegion, 0);
-  auto d = open_nic("shm", "shm");
-  if (!d) return 2;
-  Status st;
-  auto mr = d->register_mr(region.data(), region.size(), Device::host(), true, &st);
-  if (!mr) return 3;
-  std::vector<uint8_t> msg(d->raw_address().begin(), d->raw_address().end());
-  msg.resize(msg.size() + 16);
-  std::memcpy(msg.data() + msg.size() - 16, &mr->rkey, 8);
-  std::memcpy(msg.data() + msg.size() - 8, &mr->remote_base, 8);
-  ch.send(msg);
-  const auto until = Clock::now() + 60s;
-  Completion buf[32];
-  while (Clock::now() < until) d->poll(buf);
-  return 0;
-}
-
-struct Target {
-  std::unique_ptr<test::Peer> proc;
-  std::vector<uint8_t> raw;
-  uint64_t rkey = 0;
-  uint64_t base = 0;
-};
-
-Target spawn_target(test::PeerSpawner& spawner) {
-  Target t;
-  t.proc = spawner.spawn();
-  if (!t.proc) return t;
-  auto msg = t.proc->channel().recv(30s);
-  if (!msg || msg->size() < 17) return t;
-  t.raw.assign(msg->begin(), msg->end() - 16);
-  std::memcpy(&t.rkey, msg->data() + msg->size() - 16, 8);
-  std::memcpy(&t.base, msg->data() + msg->size() - 8, 8);
-  return t;
+  return test::serve_fabric_target(ch, "shm", "shm", 16 << 20);
 }
 
 // A target is killed with 4 MiB writes to it in flight (every other time
@@ -351,7 +307,7 @@ TEST(FabricShmPeerDeath, KilledTargetFailsItsWritesAndTheDomainGoesOn) {
   constexpr size_t kWrite = 4 << 20, kSlots = 4, kBurst = 32;
   test::PeerSpawner spawner(shm_target);
   std::vector<uint8_t> src(kWrite, 5);
-  auto a = open_nic("shm", "shm");
+  auto a = test::open_fabric_nic("shm", "shm");
   ASSERT_NE(a, nullptr);
   Status st;
   auto smr = a->register_mr(src.data(), src.size(), Device::host(), false, &st);
@@ -360,8 +316,8 @@ TEST(FabricShmPeerDeath, KilledTargetFailsItsWritesAndTheDomainGoesOn) {
   int failed = 0;
   for (int rep = 0; rep < 8; ++rep) {
     SCOPED_TRACE("repeat " + std::to_string(rep));
-    Target t = spawn_target(spawner);
-    ASSERT_TRUE(t.proc && !t.raw.empty()) << "cannot start a target";
+    test::FabricTarget t = test::spawn_fabric_target(spawner);
+    ASSERT_TRUE(t.ok()) << "cannot start a target";
     const pid_t pid = t.proc->pid();
     const PeerId peer = a->add_peer(t.raw, &st);
     ASSERT_TRUE(st.is_ok()) << st.message();

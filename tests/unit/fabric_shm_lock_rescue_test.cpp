@@ -19,6 +19,7 @@
 
 #include "core/domain.h"
 #include "fabric/fabric_domain.h"
+#include "support/fabric_target.h"
 #include "support/process.h"
 #include "support/shm_region.h"
 
@@ -30,11 +31,7 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 std::unique_ptr<core::Domain> open_shm() {
-  core::DomainOptions opts;
-  opts.provider = "shm";
-  opts.nic_name = "shm";
-  Status st;
-  return open_fabric_domain(opts, &st);
+  return test::open_fabric_nic("shm", "shm");
 }
 
 // The region lock word of the endpoint `name` ("fi_shm://<region>"), mapped

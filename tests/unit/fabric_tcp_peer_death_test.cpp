@@ -15,6 +15,7 @@
 #include "core/domain.h"
 #include "fabric/connect_probe.h"
 #include "fabric/fabric_domain.h"
+#include "support/fabric_target.h"
 #include "support/process.h"
 
 namespace ferry::fabric {
@@ -86,31 +87,12 @@ TEST(ConnectProbe, OnlyInetAddressesAreProbed) {
 }
 
 std::unique_ptr<core::Domain> open_tcp() {
-  core::DomainOptions opts;
-  opts.provider = "tcp;ofi_rxm";
-  opts.nic_name = "lo";
-  Status st;
-  return open_fabric_domain(opts, &st);
+  return test::open_fabric_nic("tcp;ofi_rxm", "lo");
 }
 
 // The target: a tcp domain with a 1 MiB region, polled until it is killed.
-// Sends its address, key and base.
 int tcp_target(test::Channel& ch) {
-  std::vector<uint8_t> region(1 << 20, 0);
-  auto d = open_tcp();
-  if (!d) return 2;
-  Status st;
-  auto mr = d->register_mr(region.data(), region.size(), Device::host(), true, &st);
-  if (!mr) return 3;
-  std::vector<uint8_t> msg(d->raw_address().begin(), d->raw_address().end());
-  msg.resize(msg.size() + 16);
-  std::memcpy(msg.data() + msg.size() - 16, &mr->rkey, 8);
-  std::memcpy(msg.data() + msg.size() - 8, &mr->remote_base, 8);
-  ch.send(msg);
-  const auto until = Clock::now() + 60s;
-  Completion buf[32];
-  while (Clock::now() < until) d->poll(buf);
-  return 0;
+  return test::serve_fabric_target(ch, "tcp;ofi_rxm", "lo", 1 << 20);
 }
 
 // After the kill, every posted write ends and posting is refused with
@@ -128,14 +110,11 @@ TEST(FabricTcpPeerDeath, KilledTargetIsSeenWithinSeconds) {
   uint64_t next_ctx = 1;
   for (int rep = 0; rep < 5; ++rep) {
     SCOPED_TRACE("repeat " + std::to_string(rep));
-    auto proc = spawner.spawn();
-    ASSERT_TRUE(proc);
-    auto msg = proc->channel().recv(30s);
-    ASSERT_TRUE(msg && msg->size() > 16);
-    std::vector<uint8_t> raw(msg->begin(), msg->end() - 16);
-    uint64_t rkey = 0, base = 0;
-    std::memcpy(&rkey, msg->data() + msg->size() - 16, 8);
-    std::memcpy(&base, msg->data() + msg->size() - 8, 8);
+    test::FabricTarget t = test::spawn_fabric_target(spawner);
+    ASSERT_TRUE(t.ok()) << "cannot start a target";
+    auto& proc = t.proc;
+    const std::vector<uint8_t>& raw = t.raw;
+    const uint64_t rkey = t.rkey, base = t.base;
     const PeerId peer = a->add_peer(raw, &st);
     ASSERT_TRUE(st.is_ok()) << st.message();
     const std::string where =
