@@ -8,6 +8,7 @@
 # CUDA, so the nvlink provider is in), plus the three shared libraries the machine lacks
 # (docs/PYTHON.md, "On the H200 machine"); .kv-carry is ignored through .git/info/exclude.
 # run: the kv tests (CPU ones and the GPU e2e), then python -m ferry.kv.e2e; outputs in $OUT.
+# E2E_ARGS: more e2e options (scripts/gpu_multi.sh: --prefill-gpu 0 --decode-gpu 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -38,7 +39,7 @@ run)
   nvidia-smi -L
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   timeout "${E2E_S:-330}" python3 -m ferry.kv.e2e --lengths "${LENGTHS:-1000,4000,16000}" --reps "${REPS:-5}" \
-    --out "$OUT/kv_e2e.json" 2>&1 | tee "$OUT/kv_e2e.txt" || true
+    --out "$OUT/kv_e2e.json" ${E2E_ARGS:-} 2>&1 | tee "$OUT/kv_e2e.txt" || true
   # CPU posting cost and whole-request throughput on the host's cores (shm, same run).
   if [ -z "${SKIP_BENCH:-}" ]; then
     timeout "${BENCH_S:-100}" python3 -m ferry.kv.bench --provider shm --reps 3 \

@@ -1,4 +1,4 @@
-"""End to end on one GPU: a Hugging Face model prefills in one process and decodes in
+"""End to end on one GPU (or two: --prefill-gpu, --decode-gpu): a Hugging Face model prefills in one process and decodes in
 another, the KV pages moving layer by layer over the nvlink provider (docs/KV.md, "GPU").
 
     python -m ferry.kv.e2e --lengths 1000,4000,16000 --out results.json
@@ -163,7 +163,8 @@ def _prefill(args, cmd_q, res_q) -> None:
     import ferry
     from ferry.kv import KvSender
 
-    dev = torch.device("cuda:0")
+    dev = torch.device(f"cuda:{args.prefill_gpu}")
+    torch.cuda.set_device(dev)
     model, cfg, arch = build_model(args, dev)
     L = cfg.num_hidden_layers
     max_tok = max(args.lengths)
@@ -173,7 +174,7 @@ def _prefill(args, cmd_q, res_q) -> None:
                         dtype=torch.bfloat16, device=dev)
     clen = ctx_len(cfg)
     ctx_stage = torch.zeros(clen, dtype=torch.uint8, device=dev)
-    e = ferry.TransferEngine("nvlink", groups=[ferry.Group("cuda:0")], default_timeout=60)
+    e = ferry.TransferEngine("nvlink", groups=[ferry.Group(str(dev))], default_timeout=60)
     sender = KvSender(e, lay, [pages], context_bytes=clen, max_jobs=1, use_watcher=True,
                       context_buffer=ctx_stage)
     word = torch.as_tensor(_WordView(sender.clock.word), device=dev)
@@ -302,7 +303,8 @@ def _decode(args, prefill_addr, cmd_q, res_q) -> None:
     import ferry
     from ferry.kv import KvReceiver
 
-    dev = torch.device("cuda:0")
+    dev = torch.device(f"cuda:{args.decode_gpu}")
+    torch.cuda.set_device(dev)
     model, cfg, _ = build_model(args, dev)
     L = cfg.num_hidden_layers
     num_pages = -(-max(args.lengths) // TPP) + 64
@@ -311,7 +313,7 @@ def _decode(args, prefill_addr, cmd_q, res_q) -> None:
                         dtype=torch.bfloat16, device=dev)
     clen = ctx_len(cfg)
     ctx = torch.zeros(clen, dtype=torch.uint8, device=dev)
-    e = ferry.TransferEngine("nvlink", groups=[ferry.Group("cuda:0")], default_timeout=60)
+    e = ferry.TransferEngine("nvlink", groups=[ferry.Group(str(dev))], default_timeout=60)
     rx = KvReceiver(e, lay, [pages], context=ctx, context_slot_bytes=clen)
     link = rx.connect(prefill_addr, timeout=60)
     wsum = sum(float(p.float().sum()) for p in list(model.parameters())[:4])
@@ -352,6 +354,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="")
     ap.add_argument("--eager", action="store_true", help="no CUDA graph (comparison)")
+    ap.add_argument("--prefill-gpu", type=int, default=0, help="CUDA device of the prefill process")
+    ap.add_argument("--decode-gpu", type=int, default=0, help="CUDA device of the decode process")
     args = ap.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",")]
     ctx = mp.get_context("spawn")
@@ -370,6 +374,7 @@ def main(argv=None) -> int:
     dp.start()
     _, wsum_d = get(dr, "decode start")
     results = {"arch": arch, "params": params, "layers": args.layers, "hidden": args.hidden,
+               "prefill_gpu": args.prefill_gpu, "decode_gpu": args.decode_gpu,
                "same_weights": wsum_p == wsum_d, "runs": []}
     print(f"model {arch}, {params / 1e9:.2f} B parameters, weights equal: {wsum_p == wsum_d}",
           flush=True)

@@ -3,14 +3,15 @@
 2 trainer processes (a Qwen3-style MoE of ~1.5 B parameters, every tensor Shard(0)
 over the two trainers as FSDP2 lays it out, the shards in pinned host memory as
 FSDP2's CPU offload keeps them) and 2 inference processes (TP2 / EP2, fp8 e4m3 with
-128x128 block scales) on the same GPU, connected by torch.distributed (gloo) for the
+128x128 block scales) on the same GPU (or on the GPUs --gpus names), connected by torch.distributed (gloo) for the
 control traffic and by ferry's nvlink provider (CUDA IPC) for the weights.
 
 Measured in one run: the step time and its stages (Chrome trace), every inference
 tensor compared byte for byte with a direct conversion of the step's full weights,
 the peak temporary memory against the watermark, the device-to-device copy ceiling
 of the same destination bytes, a rank-0 gather + broadcast of the same weights over
-torch.distributed, and the quantisation rate. Writes JSON and the trace to --out.
+torch.distributed (gloo; with --baselines gloo,nccl and a GPU per rank also NCCL from
+GPU memory), and the quantisation rate. Writes JSON and the trace to --out.
 """
 
 from __future__ import annotations
@@ -79,15 +80,19 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
         from .meta import rows_cols
         from .pipeline import TorchBackend, WeightReceiver, WeightSender, chrome_trace
 
-        dev = torch.device("cuda:0")
+        dev = torch.device(f"cuda:{args.gpu_of[rank]}")
         torch.cuda.set_device(dev)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4,
                                 timeout=datetime.timedelta(seconds=120))
         T = TL.world
         ex = TorchExchange(None, barrier_sets=[list(range(T)), list(range(4))])
-        bcast = dist.new_group([0, 2, 3], backend="gloo")
-        eng = ferry.TransferEngine("nvlink", groups=[ferry.Group("cuda:0")], default_timeout=120)
-        be = TorchBackend("cuda:0")
+        # The baseline's groups, per backend: (every rank, rank 0 + the inference ranks).
+        groups = {"gloo": (None, dist.new_group([0, 2, 3], backend="gloo"))}
+        if "nccl" in args.baselines:  # one rank per GPU (main checks)
+            groups["nccl"] = (dist.new_group(list(range(4)), backend="nccl"),
+                              dist.new_group([0, 2, 3], backend="nccl"))
+        eng = ferry.TransferEngine("nvlink", groups=[ferry.Group(str(dev))], default_timeout=120)
+        be = TorchBackend(str(dev))
         steps = args.steps
         if rank < T:
             blocks = [b for b in M.trainer_blocks(GPU_MODEL, TL) if rank in b.mesh]
@@ -123,21 +128,24 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
             result["watermark_bytes"] = args.watermark_mb << 20
             result["sent_bytes"] = sched.sent_bytes(rank)
             ex.barrier(range(4), 300)
-            # Copy ceiling: device-to-device copies of every destination's bytes (rank 0 only).
+            # Copy ceiling: device-to-device copies of every destination's bytes (rank 0
+            # only), from this GPU to the first inference rank's (the same one on one GPU).
             if rank == 0:
                 sizes = [w.length for j in sched.jobs for w in j.writes]
                 total = sum(sizes)
                 big = max(sizes)
                 src = torch.empty(big, dtype=torch.uint8, device=dev)
-                dst = torch.empty(big, dtype=torch.uint8, device=dev)
+                dst = torch.empty(big, dtype=torch.uint8, device=f"cuda:{args.gpu_of[T]}")
                 for rep in range(2):
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
                     for n in sizes:
                         dst[:n].copy_(src[:n])
-                    torch.cuda.synchronize()
+                    torch.cuda.synchronize(dev)
+                    torch.cuda.synchronize(dst.device)
                     t_copy = time.perf_counter() - t0
-                result["copy_ceiling"] = dict(bytes=total, copies=len(sizes), s=t_copy, GBps=total / t_copy / 1e9)
+                result["copy_ceiling"] = dict(bytes=total, copies=len(sizes), s=t_copy, GBps=total / t_copy / 1e9,
+                                              src=str(dev), dst=str(dst.device))
                 del src, dst
                 # quantisation rate of quantize_torch on this GPU
                 from .quant import quantize_torch
@@ -150,30 +158,35 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                 torch.cuda.synchronize()
                 result["quant_GBps"] = w.numel() * 2 * 10 / (time.perf_counter() - t0) / 1e9
             ex.barrier(range(4), 300)
-            # Baseline: rank-0 gather + broadcast of the same weights (torch.distributed, gloo).
+            # Baselines: rank-0 gather + broadcast of the same weights (torch.distributed):
+            # gloo from host memory; NCCL from GPU memory (the shards' H2D copy included).
             shards = {}
             for b in blocks:  # a fresh step of weights, in pinned host memory as before
                 a, e = b.shard_rows(rank)
                 w = gen(torch, b.name, b.shape, b.dtype, steps, dev).reshape(rows_cols(b.shape))
                 shards[b.name] = w[a:e].cpu().pin_memory()
             torch.cuda.synchronize()
-            dist.barrier()
-            t0 = time.perf_counter()
-            for b in blocks:
-                mine = shards[b.name]
-                if rank == 0:
-                    parts = [mine]
-                    for k in range(1, T):
-                        ka, ke = b.shard_rows(k)
-                        buf = torch.empty((ke - ka, b.cols), dtype=mine.dtype)
-                        dist.recv(buf.view(torch.uint8), k)
-                        parts.append(buf)
-                    full = torch.cat(parts).contiguous()
-                    dist.broadcast(full.view(torch.uint8), 0, group=bcast)
-                else:
-                    dist.send(mine.contiguous().view(torch.uint8), 0)
-            dist.barrier()
-            result["baseline_s"] = time.perf_counter() - t0
+            for backend in args.baselines:
+                world, bcast = groups[backend]
+                on_gpu = backend == "nccl"
+                dist.barrier()
+                t0 = time.perf_counter()
+                for b in blocks:
+                    mine = shards[b.name].to(dev, non_blocking=True) if on_gpu else shards[b.name]
+                    if rank == 0:
+                        parts = [mine]
+                        for k in range(1, T):
+                            ka, ke = b.shard_rows(k)
+                            buf = torch.empty((ke - ka, b.cols), dtype=mine.dtype, device=mine.device)
+                            dist.recv(buf.view(torch.uint8), k, group=world)
+                            parts.append(buf)
+                        full = torch.cat(parts).contiguous()
+                        dist.broadcast(full.view(torch.uint8), 0, group=bcast)
+                    else:
+                        dist.send(mine.contiguous().view(torch.uint8), 0, group=world)
+                torch.cuda.synchronize()
+                dist.barrier()
+                result[_baseline_key(backend)] = time.perf_counter() - t0
         else:
             i = rank - T
             recipes = M.inference_recipes(GPU_MODEL, IL, i)
@@ -211,27 +224,32 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                 result["numpy_vs_cuda_bit_exact"] = f"skipped: {e}"
             ex.barrier(range(4), 300)
             ex.barrier(range(4), 300)
-            dist.barrier()
-            t0 = time.perf_counter()
             params = M.logical_params(GPU_MODEL)
             from .quant import quantize_torch
-            got = {}
-            for name, (shape, dt, _, _) in params.items():
-                r_, c_ = rows_cols(shape)
-                buf = torch.empty((r_, c_), dtype=torch.bfloat16 if dt == "bfloat16" else torch.float32)
-                dist.broadcast(buf.view(torch.uint8), 0, group=bcast)
-                got[name] = buf.to(dev, non_blocking=True)
-            for r in recipes:  # convert as the inference side would after a broadcast
-                pieces = [got[p.param][p.r0:p.r1, p.c0:p.c1] for p in r.parts]
-                if r.quantised:
-                    qs = [quantize_torch(x) for x in pieces]
-                    tensors[r.name].view(-1).view(torch.uint8).copy_(torch.cat([q.view(torch.uint8) for q, _ in qs]).reshape(-1))
-                    tensors[r.scale].copy_(torch.cat([s for _, s in qs]).reshape(r.scale_shape))
-                else:
-                    tensors[r.name].copy_(torch.cat(pieces).reshape(r.shape))
-            torch.cuda.synchronize()
-            dist.barrier()
-            result["baseline_s"] = time.perf_counter() - t0
+            for backend in args.baselines:
+                _, bcast = groups[backend]
+                on_gpu = backend == "nccl"
+                dist.barrier()
+                t0 = time.perf_counter()
+                got = {}
+                for name, (shape, dt, _, _) in params.items():
+                    r_, c_ = rows_cols(shape)
+                    buf = torch.empty((r_, c_), dtype=torch.bfloat16 if dt == "bfloat16" else torch.float32,
+                                      device=dev if on_gpu else "cpu")
+                    dist.broadcast(buf.view(torch.uint8), 0, group=bcast)
+                    got[name] = buf if on_gpu else buf.to(dev, non_blocking=True)
+                for r in recipes:  # convert as the inference side would after a broadcast
+                    pieces = [got[p.param][p.r0:p.r1, p.c0:p.c1] for p in r.parts]
+                    if r.quantised:
+                        qs = [quantize_torch(x) for x in pieces]
+                        tensors[r.name].view(-1).view(torch.uint8).copy_(
+                            torch.cat([q.view(torch.uint8) for q, _ in qs]).reshape(-1))
+                        tensors[r.scale].copy_(torch.cat([s for _, s in qs]).reshape(r.scale_shape))
+                    else:
+                        tensors[r.name].copy_(torch.cat(pieces).reshape(r.shape))
+                torch.cuda.synchronize()
+                dist.barrier()
+                result[_baseline_key(backend)] = time.perf_counter() - t0
         eng.stop()
         dist.destroy_process_group()
     except BaseException:
@@ -240,13 +258,37 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
         json.dump(result, f, indent=1, default=str)
 
 
+def _baseline_key(backend: str) -> str:
+    return "baseline_s" if backend == "gloo" else f"baseline_{backend}_s"
+
+
+def parse_gpus(text: str, ranks: int = 4) -> list:
+    """--gpus: one CUDA device per rank (trainers first), or one for every rank."""
+    gpus = [int(x) for x in text.split(",")]
+    if len(gpus) == 1:
+        gpus = gpus * ranks
+    if len(gpus) != ranks or min(gpus) < 0:
+        raise ValueError(f"--gpus {text!r}: {ranks} devices (trainers, then inference ranks) or one")
+    return gpus
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ferry.rl.gpu_bench")
     ap.add_argument("--out", default=".")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--watermark-mb", type=int, default=512)
     ap.add_argument("--deadline", type=float, default=200.0, help="seconds for the whole run")
+    ap.add_argument("--gpus", default="0", help="CUDA device per rank: trainer 0, 1, inference 0, 1 "
+                    "(e.g. 0,0,1,1), or one for all")
+    ap.add_argument("--baselines", default="gloo", help="rank-0 gather + broadcast over: gloo, nccl "
+                    "(needs a GPU per rank), or gloo,nccl")
     a = ap.parse_args(argv)
+    a.gpu_of = parse_gpus(a.gpus)
+    a.baselines = [b for b in a.baselines.split(",") if b]
+    if any(b not in ("gloo", "nccl") for b in a.baselines):
+        ap.error(f"--baselines {','.join(a.baselines)}: gloo and nccl only")
+    if "nccl" in a.baselines and len(set(a.gpu_of)) != len(a.gpu_of):
+        ap.error("--baselines nccl needs one GPU per rank (NCCL refuses two ranks on one device)")
     import multiprocessing as mp
 
     os.makedirs(a.out, exist_ok=True)
@@ -306,6 +348,10 @@ def summarise(res):
         s["baseline_gather_broadcast_s"] = base
         if base:
             s["speedup_vs_baseline"] = base / walls[best]
+        nccl = max((r.get("baseline_nccl_s", 0) for r in res), default=0)
+        if nccl:
+            s["baseline_nccl_gather_broadcast_s"] = nccl
+            s["speedup_vs_nccl_baseline"] = nccl / walls[best]
     inf = [r for r in res if "checks" in r]
     if inf:
         s["bit_exact"] = all(c["n_bad"] == 0 for r in inf for c in r["checks"])
