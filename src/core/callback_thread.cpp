@@ -60,6 +60,8 @@ void CallbackThread::dispatch(CallbackEvent& ev) {
       imms_->run_plain_callbacks(p->imm, p->count);
     } else if (auto* k = std::get_if<TaskEvent>(&ev)) {
       if (k->fn) k->fn();
+    } else if (auto* r = std::get_if<RecvEvent>(&ev)) {
+      r->run(r->ctx, r->pool, r->buffer, r->len);
     }
   } catch (const std::exception& e) {
     failures_.fetch_add(1);

@@ -33,12 +33,22 @@ struct PlainImmEvent {
   uint32_t imm;
   uint32_t count = 1;  // plain callbacks run once per immediate
 };
-// Runs an arbitrary function (receive delivery, re-posting hooks).
+// Runs an arbitrary function (the stop wake-up; rare work off the data path).
 struct TaskEvent {
   std::function<void()> fn;
 };
+// A filled receive buffer: run(ctx, ...) shows the bytes to the user and gives
+// the buffer back. A plain function and its arguments, so that a receive costs
+// no allocation (a capturing std::function of this size would allocate).
+struct RecvEvent {
+  void (*run)(void* ctx, uint32_t pool, uint32_t buffer, uint64_t len) = nullptr;
+  void* ctx = nullptr;
+  uint32_t pool = 0, buffer = 0;
+  uint64_t len = 0;
+};
 
-using CallbackEvent = std::variant<TransferDoneEvent, ImmCountEvent, PlainImmEvent, TaskEvent>;
+using CallbackEvent =
+    std::variant<TransferDoneEvent, ImmCountEvent, PlainImmEvent, TaskEvent, RecvEvent>;
 
 class CallbackThread {
  public:

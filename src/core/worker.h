@@ -214,6 +214,8 @@ class Worker final : public OpHost {
   void mark_dead(const NetAddr& addr, const Status& why);
   void post_recv_buffer(uint32_t pool, uint32_t buffer);
   void on_recv_done(uint64_t ctx, uint64_t len, const Status& st);
+  // RecvEvent::run: the callback thread hands a filled buffer to the user.
+  static void deliver_recv(void* self, uint32_t pool, uint32_t buffer, uint64_t len);
   // Statistics and timeline hooks: worker_stats.cpp.
   void note_started(Slot& s, const Command& cmd);
   void note_posted(Slot& s, uint8_t nic, const PostStep& step, const WriteDesc* batch);

@@ -38,21 +38,25 @@ void Worker::on_recv_done(uint64_t ctx, uint64_t len, const Status& st) {
     if (!stop_.load()) post_recv_buffer(pool, buffer);
     return;
   }
-  RecvPool* p = (*shared_->recv_pools)[pool].get();
-  len = std::min<uint64_t>(len, p->buf_len);
-  // The user sees the bytes in place; the buffer goes back to the NIC after.
-  shared_->callbacks->push(TaskEvent{[this, p, pool, buffer, len] {
-    struct Repost {
-      Worker* w;
-      uint32_t pool, buffer;
-      ~Repost() {
-        Command c;
-        c.req = RecvPostReq{pool, buffer};
-        w->submit(std::move(c));
-      }
-    } repost{this, pool, buffer};
-    p->on_recv(std::span<const uint8_t>(p->buffer(buffer), len));
-  }});
+  len = std::min<uint64_t>(len, (*shared_->recv_pools)[pool]->buf_len);
+  shared_->callbacks->push(RecvEvent{&Worker::deliver_recv, this, pool, buffer, len});
+}
+
+void Worker::deliver_recv(void* self, uint32_t pool, uint32_t buffer, uint64_t len) {
+  // On the callback thread. The user sees the bytes in place; the buffer goes
+  // back to the NIC after, even when the callback throws.
+  auto* w = static_cast<Worker*>(self);
+  RecvPool* p = (*w->shared_->recv_pools)[pool].get();
+  struct Repost {
+    Worker* w;
+    uint32_t pool, buffer;
+    ~Repost() {
+      Command c;
+      c.req = RecvPostReq{pool, buffer};
+      w->submit(std::move(c));
+    }
+  } repost{w, pool, buffer};
+  p->on_recv(std::span<const uint8_t>(p->buffer(buffer), len));
 }
 
 }  // namespace ferry::core
