@@ -978,13 +978,16 @@ void print_row(const PointResult& r) {
   };
   const Result& f = r.ferry;
   const Result& w = r.raw;
-  std::string raw = w.ran ? fmt::format("{:>7.3f}{:>9.0f}{:>8.1f}{:>8.1f}{:>7.2f}", w.gbs(),
+  // An explicit space before every number, so that a value wider than its
+  // column (a paged p99 of 100 ms) cannot run into its neighbour.
+  std::string raw = w.ran ? fmt::format(" {:>6.3f} {:>8.0f} {:>7.1f} {:>7.1f} {:>6.2f}", w.gbs(),
                                         w.ops(), w.pct(0.5), w.pct(0.99), w.cpu_us_per_op())
                           : fmt::format("{:>39}", "-");
   std::string verify = v(f);
   if (w.ran && !v(w).empty() && v(w) != "ok") verify += " raw " + v(w);
   fmt::print(
-      "{:<9}{:>6}{:>6}{:>4}{:>4} |{:>7.3f}{:>7.2f}{:>9.0f}{:>9.0f}{:>8.1f}{:>8.1f}{:>7.2f} |{} "
+      "{:<9}{:>6}{:>6}{:>4}{:>4} | {:>6.3f} {:>6.2f} {:>8.0f} {:>8.0f} {:>7.1f} {:>7.1f} {:>6.2f} "
+      "|{} "
       "|{:>6.3f}  {}{}{}\n",
       kind_name(r.point.kind), r.point.size_label(), r.point.count, r.point.imm ? "y" : "n",
       r.window, f.gbs(), f.gbs() * 8, f.ops(), f.wps(), f.pct(0.5), f.pct(0.99), f.cpu_us_per_op(),
