@@ -37,6 +37,16 @@ constexpr auto kMaxBlock = std::chrono::milliseconds(10);
 
 thread_local bool t_worker_thread = false;
 
+// Another thread doing the worker's work (post_inline, help_progress) counts as
+// a worker meanwhile: nothing it starts may wait for admission. The flag is
+// cleared however that returns, or the thread would pass for a worker from then on.
+struct AsWorker {
+  AsWorker() { t_worker_thread = true; }
+  ~AsWorker() { t_worker_thread = false; }
+  AsWorker(const AsWorker&) = delete;
+  AsWorker& operator=(const AsWorker&) = delete;
+};
+
 // The worker takes its loop lock back after yielding or blocking. A submitter
 // or a helping waiter holds it for a few microseconds: yield until it is free
 // rather than sleep on the mutex, whose unlock would then cost that thread a
@@ -190,12 +200,7 @@ void Worker::submit(Command&& cmd) {
 }
 
 void Worker::post_inline() {
-  // Nothing it starts may wait for admission; the flag is cleared however
-  // this returns, or the submitting thread would pass for a worker from now on.
-  struct AsWorker {
-    AsWorker() { t_worker_thread = true; }
-    ~AsWorker() { t_worker_thread = false; }
-  } as_worker;
+  AsWorker as_worker;
   drain_commands();
   progress_posts();
   wake_counters().inline_posts.fetch_add(1, std::memory_order_relaxed);
@@ -205,10 +210,7 @@ bool Worker::help_progress() {
   if (!inline_posts_ || t_worker_thread) return false;
   std::unique_lock loop(loop_mu_, std::try_to_lock);
   if (!loop.owns_lock() || stop_.load(std::memory_order_acquire)) return false;
-  struct AsWorker {
-    AsWorker() { t_worker_thread = true; }
-    ~AsWorker() { t_worker_thread = false; }
-  } as_worker;
+  AsWorker as_worker;
   bool busy = drain_commands();
   busy |= progress_posts();
   const bool polled = poll_completions();
