@@ -23,7 +23,6 @@ namespace {
 // Per NIC limits come from DomainInfo (post_budget, max_outstanding); this is
 // only the size of one post_writes call.
 constexpr size_t kPostsPerCall = 64;
-constexpr size_t kPollBatch = 32;
 // Idle workers whose NIC has no wait object (shm; NVLink while its copies are
 // in flight) poll yielding the CPU this long, then nap, each nap twice the last
 // (from 20 µs up to 320 µs), so an idle engine wakes rarely and a busy one
@@ -617,7 +616,7 @@ bool Worker::progress_posts() {
 
 bool Worker::poll_completions() {
   bool did = false;
-  Completion comps[kPollBatch];
+  std::span<Completion> comps(polled_);
   for (uint8_t k = 0; k < nics_.size(); ++k) {
     Nic& nic = nics_[k];
     current_nic_ = k;

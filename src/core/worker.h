@@ -238,6 +238,10 @@ class Worker final : public OpHost {
   // Command) and destroyed on every turn of the loop, idle or not.
   static constexpr size_t kCommandsPerStep = 32;
   std::array<Command, kCommandsPerStep> drained_;
+  // poll_completions' landing area, kept for the same reason (each Completion
+  // holds a Status, whose string is built and destroyed with it).
+  static constexpr size_t kPollBatch = 32;
+  std::array<Completion, kPollBatch> polled_;
   std::atomic<uint64_t> inflight_{0};
   std::atomic<int32_t> blocked_{0};
   std::atomic<bool> closed_{false};

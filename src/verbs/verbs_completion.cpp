@@ -85,6 +85,7 @@ void fill(core::Completion* out, core::Completion::Kind kind, uint64_t ctx, uint
   out->ctx = ctx;
   out->len = len;
   out->imm = imm;
+  out->count = 1;  // the worker reuses its entries: every field is set
   out->status = Status();
 }
 
