@@ -36,13 +36,14 @@ void CallbackThread::run() {
       }
       n = q_.wait_dequeue_bulk_timed(batch, 32, std::chrono::milliseconds(50));
     }
-    if (n > 0) last_event_ns = now_ns();
-    if constexpr (kStatsEnabled)
-      if (n > 0) {
-        const int64_t now = now_ns();
+    if (n > 0) {
+      // One clock read per batch serves the help window and the queue delay.
+      const int64_t now = now_ns();
+      last_event_ns = now;
+      if constexpr (kStatsEnabled)
         for (size_t i = 0; i < n; ++i)
           if (batch[i].pushed_ns != 0) delay_.record(uint64_t(now - batch[i].pushed_ns));
-      }
+    }
     for (size_t i = 0; i < n; ++i) dispatch(batch[i].ev);
     // Once stopping, leave as soon as the queue is drained (stop() pushed an
     // empty event to wake us), not after another idle timeout.
