@@ -39,7 +39,13 @@ run)
   nvidia-smi -L
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   timeout "${E2E_S:-330}" python3 -m ferry.kv.e2e --lengths "${LENGTHS:-1000,4000,16000}" --reps "${REPS:-5}" \
-    --out "$OUT/kv_e2e.json" ${E2E_ARGS:-} 2>&1 | tee "$OUT/kv_e2e.txt" || true
+    --out "$OUT/kv_e2e.json" --trace-dir "$OUT/kv-traces" ${E2E_ARGS:-} 2>&1 | tee "$OUT/kv_e2e.txt" || true
+  # E2E2_ARGS: a second run with these options (e.g. "--poll adaptive", "--deterministic").
+  if [ -n "${E2E2_ARGS:-}" ]; then
+    timeout "${E2E2_S:-200}" python3 -m ferry.kv.e2e --lengths "${LENGTHS:-1000,4000,16000}" \
+      --reps "${REPS:-5}" --out "$OUT/kv_e2e_2.json" --trace-dir "$OUT/kv-traces-2" ${E2E_ARGS:-} \
+      $E2E2_ARGS 2>&1 | tee "$OUT/kv_e2e_2.txt" || true
+  fi
   # CPU posting cost and whole-request throughput on the host's cores (shm, same run).
   if [ -z "${SKIP_BENCH:-}" ]; then
     timeout "${BENCH_S:-100}" python3 -m ferry.kv.bench --provider shm --reps 3 \

@@ -12,8 +12,11 @@ host-mapped word): the engine's watcher thread posts that layer's writes, no Pyt
 per layer. After the last layer the graph writes the context (first token, last hidden
 state, last logits) and bumps once more. The decoder rebuilds transformers' DynamicCache
 from its pages and decodes greedily; the prefill process decodes the same prompt
-colocated; tokens and every page are compared. TTFT: the decoder's request to its
-context arriving, against the colocated graph prefill (same process, same graph).
+colocated; tokens and every page are compared. TTFT: from the router sending the
+prompt to the prefiller and the request to the decoder (at once) to the first token in
+the decoder, against the router sending the prompt to the prefill process and the first
+token there (colocated: same process, same graph), in alternating rounds. The engines'
+traces give where the time after the forward goes (ferry.kv.e2e_report).
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ import multiprocessing as mp
 import os
 import sys
 import time
+import tempfile
 import traceback
+
+import numpy as np
 
 TPP = 16
 DECODE_TOKENS = 16
@@ -46,6 +52,8 @@ def build_model(args, device):
     import transformers
 
     cfg, arch = model_config(args)
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
     torch.manual_seed(1234)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16,
@@ -123,18 +131,45 @@ def cache_from_pages(pages, page_ids, ntok):
 
 
 def greedy(model, first_token, cache, ntok, steps, device):
+    """Greedy tokens and, per step, the gap between the two best logits (float32): a
+    token that flips between two runs with identical inputs flips where that gap is a
+    rounding step of the logits."""
     import torch
 
-    toks = [int(first_token)]
+    toks, gaps = [int(first_token)], []
     cur = torch.tensor([[toks[0]]], device=device)
+    # Decoding is compared token for token across processes; with random weights the
+    # best two logits are often within a rounding step, so a kernel that reduces in a
+    # different order between two runs flips a token (seen: one decode of the same pages
+    # twice in one process gave two answers). Deterministic kernels for the decode only;
+    # the prefill, which is what is timed, runs the default ones.
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        return _greedy_steps(model, cur, cache, ntok, steps, toks, gaps, device)
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=True)
+
+
+def _greedy_steps(model, cur, cache, ntok, steps, toks, gaps, device):
+    import torch
+
     with torch.no_grad():
         for i in range(steps - 1):
             pos = torch.tensor([ntok + i], device=device)
             out = model(input_ids=cur, past_key_values=cache, use_cache=True, cache_position=pos)
+            top = out.logits[0, -1].float().topk(2).values
+            gaps.append(float(top[0] - top[1]))
             nxt = int(out.logits[0, -1].argmax())
             toks.append(nxt)
             cur = torch.tensor([[nxt]], device=device)
-    return toks
+    return toks, gaps
+
+
+def cache_kv(cache, layer):
+    if hasattr(cache, "layers"):  # transformers >= 4.54
+        return cache.layers[layer].keys, cache.layers[layer].values
+    return cache.key_cache[layer], cache.value_cache[layer]
 
 
 def page_sums(pages, page_ids):
@@ -174,13 +209,15 @@ def _prefill(args, cmd_q, res_q) -> None:
                         dtype=torch.bfloat16, device=dev)
     clen = ctx_len(cfg)
     ctx_stage = torch.zeros(clen, dtype=torch.uint8, device=dev)
-    e = ferry.TransferEngine("nvlink", groups=[ferry.Group(str(dev))], default_timeout=60)
+    e = ferry.TransferEngine("nvlink", groups=[ferry.Group(str(dev))], default_timeout=60,
+                             poll_mode=args.poll, trace=args.prefill_trace)
     sender = KvSender(e, lay, [pages], context_bytes=clen, max_jobs=1, use_watcher=True,
                       context_buffer=ctx_stage)
     word = torch.as_tensor(_WordView(sender.clock.word), device=dev)
     PagingCache = paged_cache_class()
     wsum = sum(float(p.float().sum()) for p in list(model.parameters())[:4])
-    res_q.put(("hello", e.main_address, arch, sum(p.numel() for p in model.parameters()), wsum))
+    res_q.put(("hello", e.main_address, arch, sum(p.numel() for p in model.parameters()), wsum,
+               clen))
 
     graphs = {}
     bumps = [0]  # word value the host knows the graph reached (L + 1 per forward)
@@ -238,54 +275,59 @@ def _prefill(args, cmd_q, res_q) -> None:
         graphs[ntok] = (g, ids, page_ids, tok, cache)
         return graphs[ntok]
 
+    now = time.monotonic_ns  # CLOCK_MONOTONIC: the router's and the decoder's clock too
     while True:
         cmd = cmd_q.get()
         if cmd[0] == "stop":
             sender.close()
-            e.stop()
+            e.stop()  # writes the trace
             res_q.put(("ok", None))
             return
-        if cmd[0] == "colocated":  # graph prefill + greedy decode in this process
-            _, seed, ntok, reps = cmd
+        if cmd[0] == "warm":  # capture the graph for a length before anything is timed
+            graph_for(cmd[1])
+            res_q.put(("ok", None))
+        elif cmd[0] == "colocated":  # the router's prompt -> the first token, here
+            _, rid, ntok, t0 = cmd
+            t_recv = now()
             g, ids, page_ids, tok, cache = graph_for(ntok)
-            ids.copy_(prompt(seed, ntok, dev))
-            times = []
-            for _ in range(reps):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                g.replay()
-                torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
-                bumps[0] += L + 1
-            first = int(tok if tok is not None else cache["tok"])
-            # Decode from a cache rebuilt from this side's pages, as the decoder does.
-            toks = greedy(model, first, cache_from_pages(pages, page_ids, ntok), ntok,
-                          DECODE_TOKENS, dev)
-            res_q.put(("ok", {"ttft_s": sorted(times), "tokens": toks,
-                              "sums": page_sums(pages, page_ids)}))
-        elif cmd[0] == "serve":  # serve one disaggregated request per rep
-            _, ntok, reps = cmd
+            ids.copy_(prompt(rid, ntok, dev))
+            t_launch = now()
+            g.replay()
+            first = int(tok) if tok is not None else int(cache["tok"])  # waits for the graph
+            t_end = now()
+            bumps[0] += L + 1
+            res_q.put(("ok", {"ttft_ns": t_end - t0, "recv_ns": t_recv - t0,
+                              "graph_ns": t_end - t_launch, "first": first}))
+        elif cmd[0] == "serve":  # the router's prompt -> this layer-by-layer push
+            _, rid, ntok, t0 = cmd
+            t_recv = now()
             g, ids, page_ids, tok, cache = graph_for(ntok)
-            out = []
-            for _ in range(reps):
-                p = sender.wait_request(timeout=60)
-                ids.copy_(prompt(p.req_id, ntok, dev))
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                # Launch first, accept while the GPU runs: steps the word passed before
-                # the job was bound are posted at once when it is (StepSubmits.add).
-                g.replay()
-                base = bumps[0]
-                bumps[0] += L + 1
-                job = sender.accept(p.req_id, list(range(-(-ntok // TPP))), base=base)
-                t1 = time.perf_counter()
-                torch.cuda.synchronize()
-                t2 = time.perf_counter()
-                job.wait(60)
-                t3 = time.perf_counter()
-                out.append({"accept_s": t1 - t0, "graph_s": t2 - t0, "drain_s": t3 - t2,
-                            "stats": job.stats()})
-            res_q.put(("ok", {"serve": out, "sums": page_sums(pages, page_ids)}))
+            ids.copy_(prompt(rid, ntok, dev))
+            t_launch = now()
+            # Launch first, accept while the GPU runs: steps the word passed before the
+            # job was bound are posted at once when it is (StepSubmits.add).
+            g.replay()
+            base = bumps[0]
+            bumps[0] += L + 1
+            sender.wait_request(rid, timeout=60)  # the decoder's REQUEST, sent meanwhile
+            t_req = now()
+            job = sender.accept(rid, list(range(-(-ntok // TPP))), base=base)
+            t_acc = now()
+            torch.cuda.synchronize()
+            t_graph = now()
+            job.wait(60)
+            t_done = now()
+            res_q.put(("ok", {"recv_ns": t_recv - t0, "launch_ns": t_launch - t0,
+                              "request_seen_ns": t_req - t0, "accepted_ns": t_acc - t0,
+                              "graph_done_ns": t_graph - t0, "job_done_ns": t_done - t0,
+                              "window": (t_launch, t_done), "stats": job.stats()}))
+        elif cmd[0] == "decode":  # greedy from this side's pages, as the decoder does
+            _, rid, ntok = cmd
+            g, ids, page_ids, tok, cache = graph_for(ntok)
+            first = int(tok) if tok is not None else int(cache["tok"])
+            toks, gaps = greedy(model, first, cache_from_pages(pages, page_ids, ntok), ntok,
+                                DECODE_TOKENS, dev)
+            res_q.put(("ok", {"tokens": toks, "gaps": gaps, "sums": page_sums(pages, page_ids)}))
 
 
 # ---------------------------------------------------------------------- decode process
@@ -313,35 +355,60 @@ def _decode(args, prefill_addr, cmd_q, res_q) -> None:
                         dtype=torch.bfloat16, device=dev)
     clen = ctx_len(cfg)
     ctx = torch.zeros(clen, dtype=torch.uint8, device=dev)
-    e = ferry.TransferEngine("nvlink", groups=[ferry.Group(str(dev))], default_timeout=60)
+    e = ferry.TransferEngine("nvlink", groups=[ferry.Group(str(dev))], default_timeout=60,
+                             poll_mode=args.poll, trace=args.decode_trace)
     rx = KvReceiver(e, lay, [pages], context=ctx, context_slot_bytes=clen)
     link = rx.connect(prefill_addr, timeout=60)
     wsum = sum(float(p.float().sum()) for p in list(model.parameters())[:4])
     res_q.put(("hello", wsum))
+    first_page = 37  # contiguous pages at an offset of the decoder's own choosing
+    page_lists = {}
+    now = time.monotonic_ns
     while True:
         cmd = cmd_q.get()
         if cmd[0] == "stop":
             e.stop()
             res_q.put(("ok", None))
             return
-        _, rid0, ntok, reps = cmd
-        n = -(-ntok // TPP)
-        first_page = 37  # contiguous pages at an offset of the decoder's own choosing
-        page_ids = torch.arange(first_page, first_page + n, device=dev)
-        ttft = []
-        for r in range(reps):
-            ctx.zero_()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            req = rx.request(rid0 + r, list(range(first_page, first_page + n)), ntok, [link],
-                             ctx_slot=0, ctx_len=clen, deadline=60)
+        if cmd[0] == "request":  # the router's request -> the first token, here
+            _, rid, ntok, t0 = cmd
+            t_recv = now()
+            n = -(-ntok // TPP)
+            ids = page_lists.setdefault(n, np.arange(first_page, first_page + n, dtype=np.uint32))
+            req = rx.request(rid, ids, ntok, [link], ctx_slot=0, ctx_len=clen, deadline=60)
             req.wait(60)
+            t_rel = now()
             first = int(ctx[:8].view(torch.int64)[0])  # the first token, from the context
-            ttft.append(time.perf_counter() - t0)
-        toks = greedy(model, first, cache_from_pages(pages, page_ids, ntok), ntok,
-                      DECODE_TOKENS, dev)
-        res_q.put(("ok", {"ttft_s": sorted(ttft), "tokens": toks,
-                          "sums": page_sums(pages, page_ids)}))
+            t_end = now()
+            ctx.zero_()  # for the next request, after the clock stopped
+            torch.cuda.synchronize()
+            res_q.put(("ok", {"ttft_ns": t_end - t0, "recv_ns": t_recv - t0,
+                              "released_ns": t_rel, "first": first}))
+        elif cmd[0] == "decode":
+            _, rid, ntok, first = cmd
+            n = -(-ntok // TPP)
+            page_ids = torch.arange(first_page, first_page + n, device=dev)
+            moved = cache_from_pages(pages, page_ids, ntok)
+            # This process's own colocated generation of the same prompt: an eager prefill
+            # into a plain DynamicCache, then the same greedy decode.
+            from transformers import DynamicCache
+
+            own = DynamicCache()
+            with torch.no_grad():
+                out = model.model(input_ids=prompt(rid, ntok, dev), past_key_values=own,
+                                  use_cache=True)
+                own_first = int(model.lm_head(out.last_hidden_state[0, -1]).argmax(-1))
+            same_kv = sum(int(torch.equal(cache_kv(own, layer)[kind], cache_kv(moved, layer)[kind]))
+                          for layer in range(L) for kind in (0, 1))
+            sums = page_sums(pages, page_ids)
+            toks, gaps = greedy(model, first, moved, ntok, DECODE_TOKENS, dev)
+            own_toks, own_gaps = greedy(model, own_first, own, ntok, DECODE_TOKENS, dev)
+            again, _ = greedy(model, first, cache_from_pages(pages, page_ids, ntok), ntok,
+                              DECODE_TOKENS, dev)
+            res_q.put(("ok", {"tokens": toks, "gaps": gaps, "sums": sums,
+                              "own_tokens": own_toks, "own_gaps": own_gaps,
+                              "kv_equal_to_own": same_kv, "kv_tensors": 2 * L,
+                              "repeat_tokens": again}))
 
 
 # ---------------------------------------------------------------------- driver
@@ -353,11 +420,23 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="")
+    ap.add_argument("--trace-dir", default="", help="keep both engines' traces here")
     ap.add_argument("--eager", action="store_true", help="no CUDA graph (comparison)")
+    ap.add_argument("--poll", choices=("busy", "adaptive"), default="busy",
+                    help="both engines' poll mode (busy: a core per worker, as a server runs)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="deterministic algorithms for the prefill too (the decode always)")
     ap.add_argument("--prefill-gpu", type=int, default=0, help="CUDA device of the prefill process")
     ap.add_argument("--decode-gpu", type=int, default=0, help="CUDA device of the decode process")
     args = ap.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",")]
+    tdir = args.trace_dir or tempfile.mkdtemp(prefix="ferry-kv-e2e-")
+    os.makedirs(tdir, exist_ok=True)
+    args.prefill_trace = os.path.join(tdir, "prefill.json")
+    args.decode_trace = os.path.join(tdir, "decode.json")
+    # cuBLAS is deterministic only with a fixed workspace (the decode's deterministic
+    # kernels, greedy()); set before either process starts CUDA.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     ctx = mp.get_context("spawn")
     pq, pr, dq, dr = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
     pp = ctx.Process(target=prefill_main, args=(args, pq, pr), daemon=True)
@@ -369,56 +448,120 @@ def main(argv=None) -> int:
             raise RuntimeError(f"{what} failed:\n{m[1]}")
         return m
 
-    _, addr, arch, params, wsum_p = get(pr, "prefill start")
+    _, addr, arch, params, wsum_p, clen = get(pr, "prefill start")
     dp = ctx.Process(target=decode_main, args=(args, addr, dq, dr), daemon=True)
     dp.start()
     _, wsum_d = get(dr, "decode start")
     results = {"arch": arch, "params": params, "layers": args.layers, "hidden": args.hidden,
                "prefill_gpu": args.prefill_gpu, "decode_gpu": args.decode_gpu,
-               "same_weights": wsum_p == wsum_d, "runs": []}
+               "deterministic": args.deterministic, "poll": args.poll,
+               "same_weights": wsum_p == wsum_d,
+               "ctx_bytes": clen, "runs": []}
     print(f"model {arch}, {params / 1e9:.2f} B parameters, weights equal: {wsum_p == wsum_d}",
           flush=True)
     ok = True
+    serves = []
     for i, ntok in enumerate(args.lengths):
         try:
-            ok &= _one_length(args, i, ntok, pq, pr, dq, dr, get, results)
+            ok &= _one_length(args, i, ntok, pq, pr, dq, dr, get, results, serves)
         except Exception:  # noqa: BLE001: report what ran, then stop
             results["error"] = traceback.format_exc()
             print(results["error"], flush=True)
             ok = False
             break
+    pq.put(("stop",))
+    dq.put(("stop",))
+    try:
+        get(pr, "prefill stop", timeout=60)
+        get(dr, "decode stop", timeout=60)
+        _add_breakdown(args, results, serves)
+    except Exception:  # noqa: BLE001: the runs above still count
+        results["breakdown_error"] = traceback.format_exc()
+        print(results["breakdown_error"], flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
-    pq.put(("stop",))
-    dq.put(("stop",))
     return 0 if ok else 1
 
 
-def _one_length(args, i, ntok, pq, pr, dq, dr, get, results) -> bool:
+def _one_length(args, i, ntok, pq, pr, dq, dr, get, results, serves) -> bool:
     rid0 = 1000 * (i + 1)
-    pq.put(("serve", ntok, args.reps))
-    dq.put(("run", rid0, ntok, args.reps))
+    pq.put(("warm", ntok))
+    get(pr, f"graph capture {ntok}")
+    med = lambda xs: xs[len(xs) // 2]  # noqa: E731
+    now = time.monotonic_ns
+    d_runs, s_runs, c_runs = [], [], []
+    for r in range(args.reps):
+        # Disaggregated: the router sends the prompt to the prefiller and the request to
+        # the decoder at once (as SGLang's and vLLM's routers do); TTFT is from there to
+        # the first token in the decoder. Colocated: the same prompt to the prefill
+        # process, to the first token there. Alternating, so both see the same machine.
+        rid = rid0 + r
+        t0 = now()
+        pq.put(("serve", rid, ntok, t0))
+        dq.put(("request", rid, ntok, t0))
+        d_runs.append(get(dr, f"request {rid}")[1])
+        s_runs.append(get(pr, f"serve {rid}")[1])
+        t0 = now()
+        pq.put(("colocated", rid, ntok, t0))
+        c_runs.append(get(pr, f"colocated {rid}")[1])
+    last = rid0 + args.reps - 1
+    pq.put(("decode", last, ntok))
+    _, c = get(pr, f"colocated decode {ntok}")
+    dq.put(("decode", last, ntok, d_runs[-1]["first"]))
     _, d = get(dr, f"decode {ntok}")
-    _, s = get(pr, f"serve {ntok}")
-    # Colocated reference: the same prompt (the last rep's seed), same graph.
-    pq.put(("colocated", rid0 + args.reps - 1, ntok, args.reps))
-    _, c = get(pr, f"colocated {ntok}")
+    for x, s in zip(d_runs, s_runs):
+        serves.append({"tokens": ntok, "window": s.pop("window"), "released_ns": x["released_ns"]})
     same_tokens = d["tokens"] == c["tokens"]
     same_pages = d["sums"] == c["sums"]
-    med = lambda xs: xs[len(xs) // 2]  # noqa: E731
+    ttft_d = med(sorted(x["ttft_ns"] for x in d_runs)) / 1e6
+    ttft_c = med(sorted(x["ttft_ns"] for x in c_runs)) / 1e6
+    ms = lambda runs, k: med(sorted(x[k] for x in runs)) / 1e6  # noqa: E731
+    first_diff = lambda a, b: next((k for k, (u, v) in enumerate(zip(a, b)) if u != v), None)  # noqa: E731
+    fd = first_diff(d["tokens"], c["tokens"])
     run = {"tokens": ntok, "same_tokens": same_tokens, "same_pages": same_pages,
-           "ttft_disagg_ms": med(d["ttft_s"]) * 1e3, "ttft_coloc_ms": med(c["ttft_s"]) * 1e3,
-           "overhead": med(d["ttft_s"]) / med(c["ttft_s"]) - 1,
-           "prefill_graph_ms": med([x["graph_s"] for x in s["serve"]]) * 1e3,
-           "accept_ms": med([x["accept_s"] for x in s["serve"]]) * 1e3,
-           "drain_after_graph_ms": med([x["drain_s"] for x in s["serve"]]) * 1e3,
-           "writes": s["serve"][-1]["stats"], "decoded": d["tokens"], "colocated": c["tokens"],
-           "first_difference": next((k for k, (a, b) in enumerate(zip(d["tokens"], c["tokens"]))
-                                     if a != b), None)}
+           "same_tokens_as_decoder_colocated": d["tokens"] == d["own_tokens"],
+           "kv_equal_to_decoder_colocated": f'{d["kv_equal_to_own"]}/{d["kv_tensors"]}',
+           "decode_repeatable": d["tokens"] == d["repeat_tokens"],
+           "ttft_disagg_ms": ttft_d, "ttft_coloc_ms": ttft_c, "overhead": ttft_d / ttft_c - 1,
+           "ttft_disagg_all_ms": [x["ttft_ns"] / 1e6 for x in d_runs],
+           "ttft_coloc_all_ms": [x["ttft_ns"] / 1e6 for x in c_runs],
+           "coloc_graph_ms": ms(c_runs, "graph_ns"), "coloc_recv_ms": ms(c_runs, "recv_ns"),
+           "prefill_recv_ms": ms(s_runs, "recv_ns"), "prefill_launch_ms": ms(s_runs, "launch_ns"),
+           "request_seen_ms": ms(s_runs, "request_seen_ns"),
+           "accepted_ms": ms(s_runs, "accepted_ns"), "graph_done_ms": ms(s_runs, "graph_done_ns"),
+           "job_done_ms": ms(s_runs, "job_done_ns"), "decoder_recv_ms": ms(d_runs, "recv_ns"),
+           "writes": s_runs[-1]["stats"], "decoded": d["tokens"], "colocated": c["tokens"],
+           "decoder_colocated": d["own_tokens"], "first_difference": fd,
+           "gap_at_first_difference": None if fd is None or fd == 0 else
+           [d["gaps"][fd - 1], c["gaps"][fd - 1]],
+           "gaps_decoded": d["gaps"], "gaps_colocated": c["gaps"]}
     results["runs"].append(run)
-    print(json.dumps(run), flush=True)
+    print(json.dumps({k: v for k, v in run.items() if not k.startswith("gaps_")}), flush=True)
     return same_tokens and same_pages
+
+
+def _add_breakdown(args, results, serves) -> None:
+    """Exposed transfer per request from the prefill engine's trace (e2e_report)."""
+    from ferry.kv import e2e_report
+
+    spans = e2e_report.prepared_spans(args.prefill_trace)
+    imms = e2e_report.imm_instants(args.decode_trace)
+    by_len = {}
+    for sv in serves:
+        b = e2e_report.request_breakdown(spans, tuple(sv["window"]), results["ctx_bytes"],
+                                         args.layers, sv["released_ns"], imms)
+        by_len.setdefault(sv["tokens"], []).append(b)
+    for run in results["runs"]:
+        bs = by_len.get(run["tokens"], [])
+        if bs:
+            run["breakdown_us"] = {k: e2e_report.median([b[k] for b in bs]) for k in bs[0]}
+            bd = run["breakdown_us"]
+            run["exposed_within_one_layer"] = bd["exposed_us"] <= bd["layer_us"]
+            run["exposed_engine_within_one_layer"] = \
+                bd.get("exposed_engine_us", float("inf")) <= bd["layer_us"]
+            print(json.dumps({"tokens": run["tokens"], "breakdown_us": run["breakdown_us"]}),
+                  flush=True)
 
 
 if __name__ == "__main__":
