@@ -131,7 +131,7 @@ def cache_from_pages(pages, page_ids, ntok):
 
 
 def greedy(model, first_token, cache, ntok, steps, device):
-    """Greedy tokens and, per step, the gap between the two best logits (float32): a
+    """Greedy tokens and, per step, the gap between the two best (float32) logits: a
     token that flips between two runs with identical inputs flips where that gap is a
     rounding step of the logits."""
     import torch
@@ -154,13 +154,19 @@ def greedy(model, first_token, cache, ntok, steps, device):
 def _greedy_steps(model, cur, cache, ntok, steps, toks, gaps, device):
     import torch
 
+    # The argmax is taken over float32 logits: in bf16 the best two of 32 000 nearly
+    # flat logits are often equal (seen: a gap of exactly 0.0), and a tie is broken by
+    # the last bit of whatever reduction came first.
+    w = model.lm_head.weight.float()
     with torch.no_grad():
         for i in range(steps - 1):
             pos = torch.tensor([ntok + i], device=device)
-            out = model(input_ids=cur, past_key_values=cache, use_cache=True, cache_position=pos)
-            top = out.logits[0, -1].float().topk(2).values
+            out = model.model(input_ids=cur, past_key_values=cache, use_cache=True,
+                              cache_position=pos)
+            logits = torch.nn.functional.linear(out.last_hidden_state[0, -1].float(), w)
+            top = logits.topk(2).values
             gaps.append(float(top[0] - top[1]))
-            nxt = int(out.logits[0, -1].argmax())
+            nxt = int(logits.argmax())
             toks.append(nxt)
             cur = torch.tensor([[nxt]], device=device)
     return toks, gaps
@@ -448,10 +454,10 @@ def main(argv=None) -> int:
             raise RuntimeError(f"{what} failed:\n{m[1]}")
         return m
 
-    _, addr, arch, params, wsum_p, clen = get(pr, "prefill start")
+    _, addr, arch, params, wsum_p, clen = get(pr, "prefill start", timeout=240)
     dp = ctx.Process(target=decode_main, args=(args, addr, dq, dr), daemon=True)
     dp.start()
-    _, wsum_d = get(dr, "decode start")
+    _, wsum_d = get(dr, "decode start", timeout=240)
     results = {"arch": arch, "params": params, "layers": args.layers, "hidden": args.hidden,
                "prefill_gpu": args.prefill_gpu, "decode_gpu": args.decode_gpu,
                "deterministic": args.deterministic, "poll": args.poll,
