@@ -55,7 +55,7 @@ struct WorkerStats {
   uint64_t transfers_ok = 0;
   std::map<std::string, uint64_t> transfers_failed;  // by code name ("DEADLINE_EXCEEDED", ...)
   LatencyHistogram transfer_latency;                 // submit -> its OnDone is signalled
-  LatencyHistogram queue_delay;                      // submit -> the worker takes the request
+  LatencyHistogram queue_delay;                      // submit -> end of the turn that took it
   uint64_t registrations = 0, registered_bytes = 0;
   LatencyHistogram registration_time;
 };
@@ -74,7 +74,7 @@ struct EngineStats {
   // imms_other counts the rest.
   std::vector<ImmValueStats> top_imms;
   uint64_t imms_other = 0;
-  LatencyHistogram counter_wait;      // ImmCounter::wait, call to return
+  LatencyHistogram counter_wait;      // ImmCounter::wait, call to the arrival that satisfied it
   LatencyHistogram callback_delay;    // queued for the callback thread -> it runs
   LatencyHistogram watcher_poll_lag;  // between two reads of the watched words
   uint64_t callback_queue_depth = 0;  // gauge

@@ -54,9 +54,11 @@ class CallbackThread {
  public:
   CallbackThread(ImmTable* imms, int cpu);
   ~CallbackThread();
-  void push(CallbackEvent ev) {
+  // now_ns: the pushing thread's clock if it has read it already (a worker's
+  // turn_ns()), for the queue-delay statistic; 0 reads it here.
+  void push(CallbackEvent ev, int64_t now = 0) {
     if constexpr (kStatsEnabled)
-      q_.enqueue(Queued{std::move(ev), now_ns()});
+      q_.enqueue(Queued{std::move(ev), now != 0 ? now : now_ns()});
     else
       q_.enqueue(Queued{std::move(ev), 0});
   }

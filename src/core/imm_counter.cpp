@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -36,14 +37,22 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout) {
   if (!s_) return Status(Code::kFailedPrecondition, "ImmCounter::wait on an empty counter");
   if (n < 0) return Status(Code::kInvalidArgument, "ImmCounter::wait: negative count");
   const auto now = std::chrono::steady_clock::now();
-  // Every return below records the wait's length.
+  // Every return below records the wait's length: call to the arrival that
+  // satisfied it, as the counting worker timed that arrival (no clock read on
+  // the way out, which is on the waiter's way to its next submit), or to the
+  // return when no arrival time is known (a timeout, a cancel).
   struct Timed {
-    core::StatHistogram* h;
-    std::chrono::steady_clock::time_point t0;
+    ImmCounter::State* s;
+    int64_t t0;
+    bool arrived = false;
     ~Timed() {
-      if (h) h->record_shared(uint64_t((std::chrono::steady_clock::now() - t0).count()));
+      if (!s) return;
+      const int64_t at = arrived ? s->last_arrival_ns.load(std::memory_order_relaxed) : 0;
+      const int64_t end = at != 0 ? std::max(at, t0) : core::now_ns();
+      s->waits->record_shared(uint64_t(end - t0));
     }
-  } timed{core::kStatsEnabled ? s_->waits.get() : nullptr, now};
+  } timed{core::kStatsEnabled && s_->waits ? s_.get() : nullptr,
+          std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()};
   // Saturate: a timeout of years must not overflow the clock.
   const auto deadline = timeout >= std::chrono::steady_clock::time_point::max() - now
                             ? std::chrono::steady_clock::time_point::max()
@@ -55,7 +64,10 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout) {
   };
   // Arrivals are often microseconds away: spin a little before sleeping.
   for (int i = 0; i < 2000; ++i) {
-    if (try_consume(n)) return {};
+    if (try_consume(n)) {
+      timed.arrived = true;
+      return {};
+    }
     if (s_->cancelled.load(std::memory_order_acquire)) return cancelled();
     if (i > 200) std::this_thread::yield();
   }
@@ -79,6 +91,7 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout) {
   }
   lk.unlock();
   s_->waiters.fetch_sub(1, std::memory_order_seq_cst);
+  timed.arrived = st.is_ok();
   return st;
 }
 
@@ -177,7 +190,7 @@ void ImmTable::add_plain_callback(ImmCallback cb) {
   plain_ = std::move(next);
 }
 
-void ImmTable::on_arrival(uint32_t imm, uint32_t n) {
+void ImmTable::on_arrival(uint32_t imm, uint32_t n, int64_t now_ns) {
   if (n == 0) return;
   std::shared_lock lk(mu_);
   auto it = map_.find(imm);
@@ -192,11 +205,11 @@ void ImmTable::on_arrival(uint32_t imm, uint32_t n) {
       dropped_plain_.fetch_add(n, std::memory_order_relaxed);
       return;
     }
-    callbacks_->push(PlainImmEvent{imm, n});
+    callbacks_->push(PlainImmEvent{imm, n}, now_ns);
     return;
   }
   if (it->second.counter) {
-    it->second.counter->add(n);
+    it->second.counter->add(n, core::kStatsEnabled ? now_ns : 0);
     return;
   }
   if (auto& g = it->second.gpu) {
@@ -234,7 +247,7 @@ void ImmTable::on_arrival(uint32_t imm, uint32_t n) {
     return;
   }
   if (fires > 0 && ex->pending.fetch_add(fires, std::memory_order_acq_rel) == 0)
-    callbacks_->push(ImmCountEvent{ex});
+    callbacks_->push(ImmCountEvent{ex}, now_ns);
 }
 
 void ImmTable::run_inline(ExpectedCount& e, uint64_t fires) {

@@ -19,6 +19,7 @@ namespace ferry {
 
 struct ImmCounter::State {
   std::atomic<int64_t> value{0};
+  std::atomic<int64_t> last_arrival_ns{0};  // core::now_ns() of the latest add (0: unknown)
   std::atomic<int32_t> waiters{0};
   // Set when the engine stops or the counter is removed: every wait returns
   // kCancelled from then on.
@@ -37,7 +38,11 @@ struct ImmCounter::State {
     cv.notify_all();
   }
 
-  void add(int64_t n) {
+  // at_ns: the counting worker's clock (its turn), 0 when it has none.
+  void add(int64_t n, int64_t at_ns = 0) {
+    // Before the count: a waiter that sees the count sees this time too (or a
+    // later arrival's), and takes its wait's end from it, not from a clock.
+    last_arrival_ns.store(at_ns, std::memory_order_relaxed);
     value.fetch_add(n, std::memory_order_seq_cst);
     // A waiter registers before re-checking value, so either it sees the new
     // value or we see it registered and wake it.
@@ -104,7 +109,8 @@ class ImmTable {
   }
 
   // Worker side: `n` immediates with value imm arrived (their data is visible).
-  void on_arrival(uint32_t imm, uint32_t n = 1);
+  // now_ns: the worker's clock of this turn, for the statistics (0: read here if needed).
+  void on_arrival(uint32_t imm, uint32_t n = 1, int64_t now_ns = 0);
 
   // Callback-thread side.
   void run_plain_callbacks(uint32_t imm, uint32_t count);

@@ -200,8 +200,10 @@ void Worker::submit(Command&& cmd) {
 
 void Worker::post_inline() {
   AsWorker as_worker;
+  begin_turn();
   drain_commands();
   progress_posts();
+  end_turn();
   wake_counters().inline_posts.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -210,6 +212,7 @@ bool Worker::help_progress() {
   std::unique_lock loop(loop_mu_, std::try_to_lock);
   if (!loop.owns_lock() || stop_.load(std::memory_order_acquire)) return false;
   AsWorker as_worker;
+  begin_turn();
   bool busy = drain_commands();
   busy |= progress_posts();
   const bool polled = poll_completions();
@@ -219,6 +222,7 @@ bool Worker::help_progress() {
     drain_commands();
     progress_posts();
   }
+  end_turn();
   if (busy || polled) wake_counters().helped_polls.fetch_add(1, std::memory_order_relaxed);
   return busy || polled;
 }
@@ -292,11 +296,13 @@ void Worker::run(std::promise<Status>* init) {
   const IdleSpin spin = resolve_idle_spin(shared_->config.spin_before_block);
   auto last_busy = Clock::now();
   while (!stop_.load(std::memory_order_acquire)) {
+    begin_turn();
     bool busy = drain_commands();
     busy |= progress_posts();
     busy |= poll_completions();
     note_gauges();
-    auto now = Clock::now();
+    end_turn();
+    const auto now = Clock::time_point(std::chrono::nanoseconds(turn_ns()));
     if (now - last_deadline_scan_ > std::chrono::milliseconds(1)) {
       last_deadline_scan_ = now;
       check_deadlines();
@@ -312,6 +318,7 @@ void Worker::run(std::promise<Status>* init) {
     }
   }
 
+  end_turn();
   // Shutdown: everything still queued or in flight ends as cancelled.
   Command cmd;
   while (queue_.try_dequeue(cmd)) {
@@ -467,8 +474,11 @@ void Worker::fail_command(Command& cmd, Status s) {
 // Counters and flags are updated here, with no thread hop; callbacks run on
 // the callback thread.
 void Worker::signal(OnDone on_done, Status st) {
+  // Whoever learns a transfer ended may read the statistics next: the queue
+  // delays held for the turn's end are in them by then.
+  end_turn();
   if (on_done.needs_callback_thread())
-    shared_->callbacks->push(TransferDoneEvent{std::move(on_done), std::move(st)});
+    shared_->callbacks->push(TransferDoneEvent{std::move(on_done), std::move(st)}, turn_ns());
   else
     on_done.signal_inline(st);
 }
@@ -628,7 +638,7 @@ bool Worker::poll_completions() {
         case Completion::Kind::kRemoteImm:
           note_completion(k, c);
           if (c.status.is_ok())
-            shared_->imms->on_arrival(c.imm, c.count);
+            shared_->imms->on_arrival(c.imm, c.count, turn_ns());
           else
             log().warn("NIC {}: incoming immediate failed: {}", infos_[k].name, c.status.message());
           break;

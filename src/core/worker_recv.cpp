@@ -39,7 +39,7 @@ void Worker::on_recv_done(uint64_t ctx, uint64_t len, const Status& st) {
     return;
   }
   len = std::min<uint64_t>(len, (*shared_->recv_pools)[pool]->buf_len);
-  shared_->callbacks->push(RecvEvent{&Worker::deliver_recv, this, pool, buffer, len});
+  shared_->callbacks->push(RecvEvent{&Worker::deliver_recv, this, pool, buffer, len}, turn_ns());
 }
 
 void Worker::deliver_recv(void* self, uint32_t pool, uint32_t buffer, uint64_t len) {

@@ -1,5 +1,7 @@
 // What the worker counts (core/stats.h) and records for the timeline, at the
 // few points of its loop where a transfer starts, posts, completes and ends.
+#include <algorithm>
+
 #include "core/worker.h"
 
 namespace ferry::core {
@@ -10,8 +12,23 @@ void Worker::note_started(Slot& s, const Command& cmd) {
   s.stat_bytes = {};
   s.first_post_ns = 0;
   s.submit_ns = cmd.submit_ns;
-  if constexpr (kStatsEnabled)
-    if (cmd.submit_ns != 0) stats_.queue_delay.record(uint64_t(now_ns() - cmd.submit_ns));
+  if constexpr (kStatsEnabled) {
+    if (cmd.submit_ns == 0) return;
+    if (picked_up_n_ < picked_up_.size()) {
+      picked_up_[picked_up_n_++] = cmd.submit_ns;
+    } else {
+      stats_.queue_delay.record(uint64_t(std::max<int64_t>(0, turn_ns() - cmd.submit_ns)));
+    }
+  }
+}
+
+void Worker::end_turn() {
+  if constexpr (!kStatsEnabled) return;
+  if (picked_up_n_ == 0) return;
+  const int64_t now = turn_ns();
+  for (uint32_t i = 0; i < picked_up_n_; ++i)
+    stats_.queue_delay.record(uint64_t(std::max<int64_t>(0, now - picked_up_[i])));
+  picked_up_n_ = 0;
 }
 
 void Worker::note_posted(Slot& s, uint8_t k, const PostStep& step, const WriteDesc* batch) {
@@ -91,8 +108,9 @@ void Worker::note_finished(const Slot& s, const Status& st) {
   if constexpr (!kStatsEnabled) return;
   stats_.outcomes[size_t(st.code()) < kCodeCount ? size_t(st.code()) : size_t(Code::kInternal)]
       .add();
-  const int64_t now = s.submit_ns != 0 || trace_ ? now_ns() : 0;
-  if (s.submit_ns != 0) stats_.transfer_latency.record(uint64_t(now - s.submit_ns));
+  const int64_t now = s.submit_ns != 0 || trace_ ? turn_ns() : 0;
+  if (s.submit_ns != 0)
+    stats_.transfer_latency.record(uint64_t(std::max<int64_t>(0, now - s.submit_ns)));
   if (st.is_ok())
     for (uint8_t k = 0; k < nics_.size(); ++k) stats_.nic[k].bytes_completed.add(s.stat_bytes[k]);
   if (s.stat_p2p) {

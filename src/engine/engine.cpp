@@ -141,9 +141,9 @@ struct TransferEngine::Impl {
                               what, d.len, d.ptr));
   }
 
-  Clock::time_point deadline() const {
+  Clock::time_point deadline(Clock::time_point now = Clock::now()) const {
     auto d = shared.config.default_deadline;
-    return d.count() > 0 ? Clock::now() + d : Clock::time_point{};
+    return d.count() > 0 ? now + d : Clock::time_point{};
   }
 
   // A request the caller cannot have queued (its group is full, or the engine
@@ -152,11 +152,18 @@ struct TransferEngine::Impl {
   TransferId submit(core::Worker& w, OnDone on_done, core::Request req,
                     Clock::time_point dl = Clock::time_point::max()) {
     Command cmd;
-    cmd.deadline = dl == Clock::time_point::max() ? deadline() : dl;
+    // One clock read for the deadline and the statistics' submit time (a read
+    // is 20-45 ns, on the caller's way to the wire). A submit that waits for
+    // admission counts that wait as queueing.
+    const bool default_dl = dl == Clock::time_point::max();
+    const auto now = default_dl || core::kStatsEnabled ? Clock::now() : Clock::time_point{};
+    cmd.deadline = default_dl ? deadline(now) : dl;
     Status st = w.admit(cmd.deadline);
     if (!st.is_ok()) throw Error(st);
     cmd.admitted = true;
-    if constexpr (core::kStatsEnabled) cmd.submit_ns = core::now_ns();
+    if constexpr (core::kStatsEnabled)
+      cmd.submit_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
     cmd.id = next_transfer.fetch_add(1, std::memory_order_relaxed);
     cmd.on_done = std::move(on_done);
     cmd.req = std::move(req);

@@ -158,7 +158,8 @@ std::string prometheus_text(const EngineStats& s) {
   };
   group_hist("ferry_transfer_latency_seconds", "Transfer submit to OnDone",
              &WorkerStats::transfer_latency);
-  group_hist("ferry_queue_delay_seconds", "Transfer submit to the worker taking it",
+  group_hist("ferry_queue_delay_seconds",
+             "Transfer submit to the end of the worker turn that took it",
              &WorkerStats::queue_delay);
   group_hist("ferry_registration_seconds", "Time registering memory on every NIC of a group",
              &WorkerStats::registration_time);
@@ -169,7 +170,8 @@ std::string prometheus_text(const EngineStats& s) {
     w.sample("ferry_imm_value_received_total", fmt::format("imm=\"{}\"", v.imm), v.count);
   w.sample("ferry_imm_value_received_total", "imm=\"other\"", s.imms_other);
 
-  w.header("ferry_counter_wait_seconds", "histogram", "ImmCounter::wait, call to return");
+  w.header("ferry_counter_wait_seconds", "histogram",
+           "ImmCounter::wait, call to the arrival that satisfied it (or to the return)");
   w.histogram("ferry_counter_wait_seconds", "", s.counter_wait);
   w.header("ferry_callback_delay_seconds", "histogram",
            "Events queued for the callback thread until they run");

@@ -5,6 +5,7 @@
 
 #include "core/callback_thread.h"
 #include "core/imm_table.h"
+#include "core/stats.h"
 
 namespace ferry::core {
 namespace {
@@ -40,6 +41,38 @@ TEST(ImmCounter, WaiterWakesWhenArrivalsComeFromAnotherThread) {
   EXPECT_TRUE(c.wait(100000, 30s).is_ok());
   producer.join();
   EXPECT_EQ(c.value(), 0);
+}
+
+// A wait's length ends at the arrival that satisfied it, as the counting
+// worker timed it (its turn's clock), so the waiter reads no clock on its way
+// out. Arrival times are given here, so the recorded lengths are exact.
+TEST(ImmCounter, WaitLengthEndsAtTheArrivalTheWorkerTimed) {
+  if (!kStatsEnabled) GTEST_SKIP() << "statistics compiled out (FERRY_STATS=OFF)";
+  ImmTable t(nullptr);
+  auto c = t.counter(1);
+  const StatHistogram& h = t.counter_waits();
+  // Stamped 40 ms ahead: the wait returns at once yet lasts ~40 ms, which only
+  // the stamp can give.
+  t.on_arrival(1, 1, now_ns() + 40'000'000);
+  ASSERT_TRUE(c.wait(1, 1s).is_ok());
+  const uint64_t first = h.sum_ns();
+  EXPECT_GT(first, 39'000'000u);
+  EXPECT_LE(first, 40'000'000u);
+  // An arrival from before the call: the wait took nothing.
+  t.on_arrival(1, 1, now_ns() - 1'000'000'000);
+  ASSERT_TRUE(c.wait(1, 1s).is_ok());
+  EXPECT_EQ(h.sum_ns(), first);
+  // No time known (0): the clock at the return, far from the 40 ms above.
+  t.on_arrival(1);
+  ASSERT_TRUE(c.wait(1, 1s).is_ok());
+  EXPECT_LT(h.sum_ns() - first, 20'000'000u);
+  // A timeout has no arrival: it lasts until the return, past its deadline.
+  const uint64_t before = h.sum_ns();
+  EXPECT_EQ(c.wait(1, 20ms).code(), Code::kDeadlineExceeded);
+  EXPECT_GE(h.sum_ns() - before, 20'000'000u);
+  uint64_t waits = 0;
+  for (int i = 0; i < StatHistogram::kBuckets; ++i) waits += h.bucket(i);
+  EXPECT_EQ(waits, 4u);
 }
 
 TEST(ImmTable, ExpectedCountFiresExactlyOncePerCountAcrossThreads) {
