@@ -38,11 +38,11 @@ run)
   mkdir -p "$OUT"
   nvidia-smi -L
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-  timeout "${E2E_S:-330}" python3 -m ferry.kv.e2e --lengths "${LENGTHS:-1000,4000,16000}" --reps "${REPS:-5}" \
+  timeout -k 10 "${E2E_S:-330}" python3 -m ferry.kv.e2e --lengths "${LENGTHS:-1000,4000,16000}" --reps "${REPS:-5}" \
     --out "$OUT/kv_e2e.json" --trace-dir "$OUT/kv-traces" ${E2E_ARGS:-} 2>&1 | tee "$OUT/kv_e2e.txt" || true
   # E2E2_ARGS: a second run with these options (e.g. "--poll adaptive", "--deterministic").
   if [ -n "${E2E2_ARGS:-}" ]; then
-    timeout "${E2E2_S:-200}" python3 -m ferry.kv.e2e --lengths "${LENGTHS:-1000,4000,16000}" \
+    timeout -k 10 "${E2E2_S:-200}" python3 -m ferry.kv.e2e --lengths "${LENGTHS:-1000,4000,16000}" \
       --reps "${REPS:-5}" --out "$OUT/kv_e2e_2.json" --trace-dir "$OUT/kv-traces-2" ${E2E_ARGS:-} \
       $E2E2_ARGS 2>&1 | tee "$OUT/kv_e2e_2.txt" || true
   fi

@@ -15,8 +15,9 @@ B=${BIN:-$PWD/.gpu-carry/bin}
 export LD_LIBRARY_PATH=$PWD/.gpu-carry/lib:${LD_LIBRARY_PATH:-}
 ROUNDS=${ROUNDS:-20}
 PIN=(--poll busy --cpu 2,4,6 --server-cpu 8,10,12)
-{ date -u; nproc; uptime; lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node"; nvidia-smi -L; } \
-  > "$O/machine.txt" 2>&1
+# Few files: the device tool returns at most eight from one call.
+S=$O/summary.txt
+{ date -u; nproc; uptime; lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node"; nvidia-smi -L; } > "$S" 2>&1
 for s in ${SECTIONS:-obs latency chain}; do
   case $s in
   obs)
@@ -33,25 +34,25 @@ for s in ${SECTIONS:-obs latency chain}; do
           rm -f /tmp/obs-trace-*.json
         done
       done
-      echo "obs $p done $(date -u +%T)" >> "$O/summary.txt"
+      echo "obs $p done $(date -u +%T)" >> "$S"
     done
     ;;
   latency)
+    f=$O/latency.txt; : > "$f"
     for p in "tcp;ofi_rxm" shm; do
-      f=$O/latency-${p%%;*}.txt; : > "$f"
-      echo "== busy, pinned" >> "$f"
+      echo "== $p busy, pinned" >> "$f"
       timeout 120 "$B/ferry-bench" --provider "$p" "${PIN[@]}" --only imm,sendrecv --seconds 0.4 \
-        --repeat 5 --json "$O/latency-${p%%;*}-busy.json" >> "$f" 2>&1 || echo "rc=$?" >> "$f"
-      echo "== adaptive, unpinned" >> "$f"
+        --repeat 5 >> "$f" 2>&1 || echo "rc=$?" >> "$f"
+      echo "== $p adaptive, unpinned" >> "$f"
       timeout 120 "$B/ferry-bench" --provider "$p" --only imm,sendrecv --seconds 0.4 --repeat 5 \
-        --json "$O/latency-${p%%;*}-adaptive.json" >> "$f" 2>&1 || echo "rc=$?" >> "$f"
+        >> "$f" 2>&1 || echo "rc=$?" >> "$f"
     done
-    echo "latency done $(date -u +%T)" >> "$O/summary.txt"
+    echo "latency done $(date -u +%T)" >> "$S"
     ;;
   chain)
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
     mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-    if nvidia-cuda-mps-control -d > "$O/mps.txt" 2>&1; then
+    if nvidia-cuda-mps-control -d >> "$S" 2>&1; then
       for run in 1 2; do for p in nvlink shm; do
         echo "== chain $p imm busy (MPS) run $run" >> "$O/chain.txt"
         timeout 40 "$B/lat-chain" --provider $p --op imm --poll busy --iters 3000 >> "$O/chain.txt" 2>&1
@@ -59,11 +60,11 @@ for s in ${SECTIONS:-obs latency chain}; do
       done; done
       echo quit | nvidia-cuda-mps-control
     else
-      echo "MPS did not start" >> "$O/summary.txt"
+      echo "MPS did not start" >> "$S"
     fi
-    echo "chain done $(date -u +%T)" >> "$O/summary.txt"
+    echo "chain done $(date -u +%T)" >> "$S"
     ;;
   esac
 done
-uptime >> "$O/machine.txt"
-echo "all done $(date -u +%T)" >> "$O/summary.txt"
+uptime >> "$S"
+echo "all done $(date -u +%T)" >> "$S"
