@@ -21,7 +21,8 @@ namespace ferry {
 
 enum class PollMode : uint8_t {
   kAdaptive,  // spin, then back off and block on the CQ / command wakeup (default)
-  kBusy,      // spin forever: lowest latency, one core per worker
+  kBusy,      // spin forever: lowest latency; one core per worker and one for the
+              // callback thread, which spins too
 };
 
 enum class QueueFull : uint8_t { kBlock, kRefuse };
@@ -140,10 +141,16 @@ class ImmCounter {
   // worker's work found on the way (CallbackOn::kWorker callbacks among it)
   // then runs on the calling thread.
   bool try_consume(int64_t n);
+  // How wait passes the time. kSleep spins briefly, then sleeps until an
+  // arrival wakes it. kSpin never sleeps: one core busy for the whole wait, in
+  // exchange for no wake-up (tens to hundreds of microseconds on an idle host,
+  // whose cores are in deep idle states); like PollMode::kBusy.
+  enum class WaitMode : uint8_t { kSleep, kSpin };
   // Wait until n arrivals can be consumed, then consume them. Returns
-  // kDeadlineExceeded (consuming nothing) when the deadline passes first.
-  // Polls like try_consume while it spins, not once it sleeps.
-  Status wait(int64_t n, std::chrono::nanoseconds timeout);
+  // kDeadlineExceeded (consuming nothing) when the deadline passes first, and
+  // kCancelled once the engine stops. Polls like try_consume while it spins,
+  // not once it sleeps.
+  Status wait(int64_t n, std::chrono::nanoseconds timeout, WaitMode mode = WaitMode::kSleep);
 
  private:
   std::shared_ptr<State> s_;

@@ -683,8 +683,9 @@ class PyImmCounter {
   // A loop of bounded waits with the GIL released: between slices it notices
   // Ctrl-C (signals) and its engine stopping (Cancelled, also when the C++
   // counter does not say so itself).
-  void wait(nb::handle n_arg, nb::handle timeout_arg_) {
+  void wait(nb::handle n_arg, nb::handle timeout_arg_, bool spin) {
     const auto n = int64_t(count_arg(n_arg, "n"));
+    const auto mode = spin ? ImmCounter::WaitMode::kSpin : ImmCounter::WaitMode::kSleep;
     const auto timeout = timeout_arg(timeout_arg_);
     const auto deadline = deadline_after(timeout);
     BlockedWait blocked;
@@ -697,7 +698,7 @@ class PyImmCounter {
       }
       auto slice = std::min<Clock::duration>(deadline - Clock::now(), kSlice);
       if (slice < Clock::duration::zero()) slice = Clock::duration::zero();
-      const Status st = without_gil([&] { return c_.wait(n, slice); });
+      const Status st = without_gil([&] { return c_.wait(n, slice, mode); });
       if (st.is_ok()) return;
       if (st.code() != Code::kDeadlineExceeded) throw Error(st);   // kCancelled: Cancelled
       if (sh_->stopped.load(std::memory_order_acquire)) continue;  // Cancelled, above
@@ -1784,11 +1785,14 @@ NB_MODULE(_ferry, m) {
            nb::sig("def try_consume(self, n: int = 1) -> bool"),
            "Consume n arrivals if they are there; never blocks. Returns whether it consumed.")
       .def("wait", &PyImmCounter::wait, "n"_a.none() = 1, "timeout"_a.none() = nb::none(),
-           nb::sig("def wait(self, n: int = 1, timeout: float | None = None) -> None"),
+           nb::kw_only(), "spin"_a = false,
+           nb::sig("def wait(self, n: int = 1, timeout: float | None = None, *, "
+                   "spin: bool = False) -> None"),
            "Wait (GIL released) until n arrivals can be consumed, then consume them. Raises "
            "ferry.Timeout (consuming nothing) after `timeout` seconds; None waits forever. "
            "Raises ferry.Cancelled when the engine stops first (or remove_imm_count removes the "
-           "counter).")
+           "counter). spin: poll without ever sleeping (a core busy for the whole wait; no "
+           "wake-up, which takes tens to hundreds of microseconds on an idle host).")
       .def("__repr__", [](const PyImmCounter& c) {
         return "ImmCounter(imm=" + std::to_string(c.imm()) +
                ", value=" + std::to_string(c.value()) + ")";

@@ -2,12 +2,15 @@
 
 #include <sched.h>
 
+#include "core/cpu_relax.h"
 #include "core/imm_table.h"
 #include "core/log.h"
+#include "core/wake.h"
 
 namespace ferry::core {
 
-CallbackThread::CallbackThread(ImmTable* imms, int cpu) : imms_(imms), cpu_(cpu) {
+CallbackThread::CallbackThread(ImmTable* imms, int cpu, bool spin)
+    : imms_(imms), cpu_(cpu), spin_(spin) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -28,12 +31,20 @@ void CallbackThread::run() {
   int64_t last_event_ns = 0;
   for (;;) {
     size_t n = q_.try_dequeue_bulk(batch, 32);
+    if (n == 0 && spin_) {
+      // A blocked thread is woken through a futex: several microseconds per
+      // callback, as much as a whole immediate round trip.
+      if (stop_.load(std::memory_order_acquire)) return;
+      cpu_relax();
+      continue;
+    }
     if (n == 0) {
       ProgressHelp* help = help_.load(std::memory_order_acquire);
       if (help && now_ns() - last_event_ns < help_window_ns_.load(std::memory_order_relaxed)) {
         if (!help->try_help()) ::sched_yield();
         continue;
       }
+      wake_counters().callback_blocks.fetch_add(1, std::memory_order_relaxed);
       n = q_.wait_dequeue_bulk_timed(batch, 32, std::chrono::milliseconds(50));
     }
     if (n > 0) {

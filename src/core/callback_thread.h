@@ -52,7 +52,9 @@ using CallbackEvent =
 
 class CallbackThread {
  public:
-  CallbackThread(ImmTable* imms, int cpu);
+  // spin: poll the queue without ever sleeping (PollMode::kBusy, where every
+  // engine thread has a core of its own); otherwise block when idle.
+  CallbackThread(ImmTable* imms, int cpu, bool spin = false);
   ~CallbackThread();
   // now_ns: the pushing thread's clock if it has read it already (a worker's
   // turn_ns()), for the queue-delay statistic; 0 reads it here.
@@ -89,6 +91,7 @@ class CallbackThread {
 
   ImmTable* imms_;
   int cpu_;
+  bool spin_;
   moodycamel::BlockingConcurrentQueue<Queued> q_;
   StatHistogram delay_;
   std::atomic<bool> stop_{false};

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "core/callback_thread.h"
+#include "core/cpu_relax.h"
 #include "core/imm_table.h"
 #include "core/log.h"
 
@@ -33,7 +34,7 @@ bool ImmCounter::try_consume(int64_t n) {
   return s_->help && s_->help->try_help() && consume(*s_, n);
 }
 
-Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout) {
+Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout, WaitMode mode) {
   if (!s_) return Status(Code::kFailedPrecondition, "ImmCounter::wait on an empty counter");
   if (n < 0) return Status(Code::kInvalidArgument, "ImmCounter::wait: negative count");
   const auto now = std::chrono::steady_clock::now();
@@ -51,8 +52,7 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout) {
       const int64_t end = at != 0 ? std::max(at, t0) : core::now_ns();
       s->waits->record_shared(uint64_t(end - t0));
     }
-  } timed{core::kStatsEnabled && s_->waits ? s_.get() : nullptr,
-          std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()};
+  } timed{core::kStatsEnabled && s_->waits ? s_.get() : nullptr, core::ns_of(now)};
   // Saturate: a timeout of years must not overflow the clock.
   const auto deadline = timeout >= std::chrono::steady_clock::time_point::max() - now
                             ? std::chrono::steady_clock::time_point::max()
@@ -62,6 +62,26 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout) {
                   "ImmCounter::wait: the engine stopped or the counter was removed (have " +
                       std::to_string(value()) + " of " + std::to_string(n) + ")");
   };
+  if (mode == WaitMode::kSpin) {
+    for (uint32_t i = 1;; ++i) {
+      if (try_consume(n)) {
+        timed.arrived = true;
+        return {};
+      }
+      if (s_->cancelled.load(std::memory_order_acquire)) return cancelled();
+      // A clock read costs tens of pause instructions: one per 64 polls.
+      if (i % 64 == 0 && std::chrono::steady_clock::now() >= deadline) {
+        if (consume(*s_, n)) {
+          timed.arrived = true;
+          return {};
+        }
+        return Status(Code::kDeadlineExceeded, "ImmCounter::wait: " + std::to_string(n) +
+                                                   " arrivals not reached (have " +
+                                                   std::to_string(value()) + ")");
+      }
+      core::cpu_relax();
+    }
+  }
   // Arrivals are often microseconds away: spin a little before sleeping.
   for (int i = 0; i < 2000; ++i) {
     if (try_consume(n)) {

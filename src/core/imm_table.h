@@ -42,7 +42,7 @@ struct ImmCounter::State {
   void add(int64_t n, int64_t at_ns = 0) {
     // Before the count: a waiter that sees the count sees this time too (or a
     // later arrival's), and takes its wait's end from it, not from a clock.
-    last_arrival_ns.store(at_ns, std::memory_order_relaxed);
+    if constexpr (core::kStatsEnabled) last_arrival_ns.store(at_ns, std::memory_order_relaxed);
     value.fetch_add(n, std::memory_order_seq_cst);
     // A waiter registers before re-checking value, so either it sees the new
     // value or we see it registered and wake it.

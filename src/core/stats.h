@@ -31,10 +31,13 @@ namespace ferry::core {
 
 inline constexpr bool kStatsEnabled = FERRY_STATS != 0;
 
+// The engine's timestamps: steady_clock in nanoseconds. ns_of converts a clock
+// reading a caller already holds, so one read serves a deadline and a statistic.
+inline int64_t ns_of(std::chrono::steady_clock::time_point t) noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
 inline int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return ns_of(std::chrono::steady_clock::now());
 }
 
 // One writer thread; readers see a value that is at most a little stale.

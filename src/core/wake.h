@@ -26,7 +26,8 @@ struct WakeCounters {
   std::atomic<uint64_t> notifies{0};       // eventfd writes by submitters
   std::atomic<uint64_t> inline_posts{0};   // submitters that posted while the worker idled
   std::atomic<uint64_t> helped_polls{0};   // waiters' polls that found work while the worker idled
-  std::atomic<int64_t> asleep{0};          // gauge: workers inside poll(2) or a nap now
+  std::atomic<uint64_t> callback_blocks{0};  // a callback thread blocked waiting for an event
+  std::atomic<int64_t> asleep{0};            // gauge: workers inside poll(2) or a nap now
 };
 
 inline WakeCounters& wake_counters() {

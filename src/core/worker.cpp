@@ -20,9 +20,6 @@ namespace ferry::core {
 
 namespace {
 
-// Per NIC limits come from DomainInfo (post_budget, max_outstanding); this is
-// only the size of one post_writes call.
-constexpr size_t kPostsPerCall = 64;
 // Idle workers whose NIC has no wait object (shm; NVLink while its copies are
 // in flight) poll yielding the CPU this long, then nap, each nap twice the last
 // (from 20 µs up to 320 µs), so an idle engine wakes rarely and a busy one
@@ -182,6 +179,8 @@ void Worker::close_admission() {
 
 void Worker::submit(Command&& cmd) {
   queue_.enqueue(std::move(cmd));
+  // A busy worker never sleeps and never lets a submitter post for it.
+  if (shared_->config.poll_mode == PollMode::kBusy) return;
   // The store of the command and the load of sleeping_ must not be
   // reordered (idle_wait has the mirror fence): otherwise the worker can go
   // to sleep with this command queued and nobody to wake it.
@@ -550,8 +549,8 @@ void Worker::enqueue_plan(uint32_t idx, const ShardPlan& plan) {
 
 bool Worker::progress_posts() {
   bool did = false;
-  WriteDesc batch[kPostsPerCall];
-  uint32_t units[kPostsPerCall];
+  const std::span<WriteDesc> batch(post_batch_);
+  uint32_t* const units = post_units_.data();
   for (uint8_t k = 0; k < nics_.size(); ++k) {
     Nic& nic = nics_[k];
     size_t budget = infos_[k].post_budget;
@@ -592,7 +591,7 @@ bool Worker::progress_posts() {
       const PostStep step =
           std::visit([&](const auto& r) { return ops::post(s, r, c, t, *this); }, s.req);
       const PostResult& r = step.result;
-      note_posted(s, k, step, batch);
+      note_posted(s, k, step, batch.data());
       did |= r.posted > 0;
       s.posted += r.posted;
       nic.outstanding += r.posted;

@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "core/cpu_relax.h"
 #include "core/imm_table.h"
 #include "core/log.h"
 #include "ferry/status.h"
@@ -15,13 +16,7 @@ namespace ferry::cuda {
 
 namespace {
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
+using core::cpu_relax;
 
 // Releases a flag slot when the last ImmTable entry referring to it is gone:
 // a worker inside on_arrival holds the entry, so the slot is never reused

@@ -161,9 +161,7 @@ struct TransferEngine::Impl {
     Status st = w.admit(cmd.deadline);
     if (!st.is_ok()) throw Error(st);
     cmd.admitted = true;
-    if constexpr (core::kStatsEnabled)
-      cmd.submit_ns =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+    if constexpr (core::kStatsEnabled) cmd.submit_ns = core::ns_of(now);
     cmd.id = next_transfer.fetch_add(1, std::memory_order_relaxed);
     cmd.on_done = std::move(on_done);
     cmd.req = std::move(req);
@@ -222,7 +220,8 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   im.shared.config = config;
   im.shared.incarnation = random_incarnation();
   im.imms = std::make_unique<core::ImmTable>(nullptr);
-  im.callbacks = std::make_unique<core::CallbackThread>(im.imms.get(), config.callback_cpu);
+  im.callbacks = std::make_unique<core::CallbackThread>(im.imms.get(), config.callback_cpu,
+                                                        config.poll_mode == PollMode::kBusy);
   im.imms->set_callbacks(im.callbacks.get());
   im.recv_pools.resize(kMaxRecvPools);
   im.shared.imms = im.imms.get();

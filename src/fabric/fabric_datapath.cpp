@@ -30,7 +30,9 @@
 #include <chrono>
 
 #include <fmt/format.h>
+#include "core/cpu_relax.h"
 #include "core/log.h"
+#include "core/stats.h"
 
 #include "fabric/fabric_domain_impl.h"
 
@@ -96,15 +98,8 @@ constexpr auto kUnstickPeriod = std::chrono::milliseconds(10);
 // treating it as back-pressure.
 constexpr auto kLockSpin = std::chrono::microseconds(20);
 
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-int64_t now_ns(Clock::time_point t) noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-}
+using core::cpu_relax;
+using core::ns_of;
 
 }  // namespace
 
@@ -187,7 +182,7 @@ core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writ
     const bool watched = sp != nullptr && sp->lock != nullptr;
     if (watched) {
       posting_peer_.store(sp, std::memory_order_relaxed);
-      posting_since_ns_.store(now_ns(now), std::memory_order_release);
+      posting_since_ns_.store(ns_of(now), std::memory_order_release);
     }
     ssize_t ret = fi_writemsg(ep_, &msg_, flags);
     if (ret == -FI_EINVAL && no_iov) {
@@ -237,7 +232,7 @@ core::PostResult FabricDomain::post_send(core::PeerId peer, const void* buf, siz
   const bool watched = sp != nullptr && sp->lock != nullptr;
   if (watched) {
     posting_peer_.store(sp, std::memory_order_relaxed);
-    posting_since_ns_.store(now_ns(now), std::memory_order_release);
+    posting_since_ns_.store(ns_of(now), std::memory_order_release);
   }
   const ssize_t ret = fi_send(ep_, buf, len, local_desc, peer, op);
   if (watched) posting_since_ns_.store(0, std::memory_order_release);
@@ -482,7 +477,7 @@ size_t FabricDomain::poll(std::span<core::Completion> out) {
     // Each CQ entry yields at most one Completion, so never read more than fits.
     const size_t want = std::min(kCqBatch, out.size() - n);
     const bool watched = watch_polls_.load(std::memory_order_relaxed);
-    if (watched) polling_since_ns_.store(now_ns(Clock::now()), std::memory_order_release);
+    if (watched) polling_since_ns_.store(core::now_ns(), std::memory_order_release);
     const ssize_t ret = fi_cq_read(cq_, entries, want);
     if (watched) polling_since_ns_.store(0, std::memory_order_release);
     if (ret > 0) {

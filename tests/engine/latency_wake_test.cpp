@@ -157,6 +157,37 @@ TEST_P(Wake, BusyWorkersNeverBlock) {
   EXPECT_EQ(Snapshot::now().helped_polls, before.helped_polls);  // ...and polls
 }
 
+// With busy polling the callback thread spins too: a callback that answers an
+// immediate costs no futex wake-up. Stop still ends the spinning thread.
+TEST_P(Wake, BusyCallbackThreadNeverBlocks) {
+  EngineConfig c = test::config_for(GetParam());
+  c.poll_mode = PollMode::kBusy;
+  auto a = std::make_unique<TransferEngine>(c);
+  auto b = std::make_unique<TransferEngine>(c);
+  auto on_a = test::region(*a, 4096);
+  auto on_b = test::region(*b, 4096);
+  std::atomic<int> answered{0};
+  b->expect_imm_count(21, 1, [&] {
+    b->submit_imm(22, on_a.d, OnDone::none());
+    answered.fetch_add(1);
+  });
+  auto pong = a->imm_counter(22);
+  // The first events may find the thread still on its way into the loop.
+  a->submit_imm(21, on_b.d, OnDone::none());
+  ASSERT_TRUE(pong.wait(1, 10s).is_ok());
+  const uint64_t blocks = wake_counters().callback_blocks.load();
+  for (int i = 0; i < 50; ++i) {
+    a->submit_imm(21, on_b.d, OnDone::none());
+    ASSERT_TRUE(pong.wait(1, 10s).is_ok()) << "round " << i;
+  }
+  EXPECT_EQ(answered.load(), 51);
+  EXPECT_EQ(wake_counters().callback_blocks.load(), blocks);
+  const auto t0 = std::chrono::steady_clock::now();
+  a->stop();
+  b->stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
 // One CPU the process may run on.
 int first_allowed_cpu() {
   cpu_set_t set;

@@ -62,6 +62,39 @@ def test_stop_ends_imm_counter_waits_with_cancelled(kind):
     assert time.monotonic() - t0 < 5
 
 
+def test_spinning_wait_takes_arrivals_times_out_and_ends_at_stop(kind):
+    a, b = engine_for(kind), engine_for(kind)
+    try:
+        _, d = b.register(np.zeros(16, np.uint8))
+        c = b.imm_counter(35)
+        for _ in range(3):
+            a.submit_imm(35, d)
+        c.wait(3, timeout=20, spin=True)
+        assert c.value == 0
+        t0 = time.monotonic()
+        with pytest.raises(ferry.Timeout):
+            c.wait(1, timeout=0.05, spin=True)
+        assert time.monotonic() - t0 >= 0.05
+        out: dict = {}
+
+        def waiter():
+            try:
+                c.wait(1, timeout=60, spin=True)
+                out["r"] = "returned"
+            except BaseException as ex:  # noqa: BLE001 - the test inspects it
+                out["r"] = ex
+
+        t = threading.Thread(target=waiter, daemon=True)
+        t.start()
+        b.stop()
+        t.join(10)
+        assert not t.is_alive(), "a spinning waiter stayed after stop()"
+        assert isinstance(out["r"], ferry.Cancelled), out["r"]
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_stop_keeps_arrivals_that_are_already_there(kind):
     a, b = engine_for(kind), engine_for(kind)
     try:

@@ -43,6 +43,37 @@ TEST(ImmCounter, WaiterWakesWhenArrivalsComeFromAnotherThread) {
   EXPECT_EQ(c.value(), 0);
 }
 
+// A spinning wait (it never sleeps) keeps wait's contract: arrivals from another thread, a deadline
+// that consumes nothing, cancellation by the engine's stop.
+TEST(ImmCounter, SpinningWaitArrivesTimesOutAndIsCancelled) {
+  using Mode = ImmCounter::WaitMode;
+  ImmTable t(nullptr);
+  auto c = t.counter(4);
+  std::atomic<bool> go{false};
+  std::thread producer([&] {
+    while (!go.load()) std::this_thread::yield();
+    for (int i = 0; i < 10000; ++i) t.on_arrival(4);
+  });
+  go.store(true);
+  EXPECT_TRUE(c.wait(10000, 30s, Mode::kSpin).is_ok());
+  producer.join();
+  EXPECT_EQ(c.value(), 0);
+
+  t.on_arrival(4);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(c.wait(2, 20ms, Mode::kSpin).code(), Code::kDeadlineExceeded);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 20ms);
+  EXPECT_EQ(c.value(), 1);
+
+  std::thread stopper([&] {
+    while (c.value() != 0) std::this_thread::yield();  // the waiter took its arrival
+    t.cancel_all();
+  });
+  EXPECT_TRUE(c.wait(1, 30s, Mode::kSpin).is_ok());
+  EXPECT_EQ(c.wait(1, 30s, Mode::kSpin).code(), Code::kCancelled);
+  stopper.join();
+}
+
 // A wait's length ends at the arrival that satisfied it, as the counting
 // worker timed it (its turn's clock), so the waiter reads no clock on its way
 // out. Arrival times are given here, so the recorded lengths are exact.
