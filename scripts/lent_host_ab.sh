@@ -4,6 +4,8 @@
 #   obs      the statistics' cost: builds with FERRY_STATS=OFF / ON / ON + FERRY_TRACE,
 #            ROUNDS rounds whose order rotates, busy polling on pinned CPUs, tcp and shm
 #   latency  busy (pinned) and adaptive ping-pong against the raw provider, same run
+#   hops     where a busy ping-pong's round trip goes, hop by hop, from both engines'
+#            traces (scripts/trace_hops.py), imm / imm-cb / imm-inl on tcp and shm
 #   chain    the GPU -> proxy -> engine -> peer GPU chain, both processes under MPS
 # Binaries in $BIN (default .gpu-carry/bin): bench-obs (build-obs), bench-obs-nostats
 # (build-obs-nostats), ferry-bench and lat-chain (build/), stripped; libspdlog, libfmt and
@@ -17,7 +19,7 @@ ROUNDS=${ROUNDS:-20}
 PIN=(--poll busy --cpu 2,4,6 --server-cpu 8,10,12)
 # Few files: the device tool returns at most eight from one call.
 S=$O/summary.txt
-{ date -u; nproc; uptime; lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node"; nvidia-smi -L; } > "$S" 2>&1
+{ date -u; nproc; uptime; command -v perf; lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node"; nvidia-smi -L; } > "$S" 2>&1
 for s in ${SECTIONS:-obs latency chain}; do
   case $s in
   obs)
@@ -48,6 +50,21 @@ for s in ${SECTIONS:-obs latency chain}; do
         >> "$f" 2>&1 || echo "rc=$?" >> "$f"
     done
     echo "latency done $(date -u +%T)" >> "$S"
+    ;;
+  hops)
+    f=$O/hops.txt; : > "$f"
+    for p in "tcp;ofi_rxm" shm; do
+      d=/tmp/hops-${p%%;*}; rm -rf "$d"; mkdir -p "$d"
+      echo "== $p busy, pinned, traced" >> "$f"
+      timeout 60 "$B/ferry-bench" --provider "$p" "${PIN[@]}" --only imm --seconds 0.3 --no-raw \
+        --trace-dir "$d" >> "$f" 2>&1 || echo "rc=$?" >> "$f"
+      for k in imm imm-cb imm-inl; do
+        echo "-- $p $k" >> "$f"
+        python3 scripts/trace_hops.py "$d/$k-0-client.json" "$d/$k-0-server.json" >> "$f" 2>&1
+      done
+      rm -rf "$d"
+    done
+    echo "hops done $(date -u +%T)" >> "$S"
     ;;
   chain)
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log

@@ -77,6 +77,7 @@ struct Options {
   std::vector<int> cpu = {-1, -1, -1};
   std::vector<int> server_cpu = {-1, -1, -1};
   std::string json;
+  std::string trace_dir;
   bool verify = false;
   bool quick = false;
   bool no_raw = false;
@@ -125,7 +126,7 @@ double secs_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-ferry::EngineConfig engine_config(const Options& o, bool server) {
+ferry::EngineConfig engine_config(const Options& o, bool server, const Point* p = nullptr) {
   const std::vector<int>& cpu = server ? o.server_cpu : o.cpu;
   ferry::EngineConfig c;
   c.provider = o.provider;
@@ -138,6 +139,10 @@ ferry::EngineConfig engine_config(const Options& o, bool server) {
   c.callback_cpu = cpu[1];
   c.poll_mode = o.poll_mode();
   c.default_deadline = 60s;
+  // One trace per point and side (a later repeat of the point overwrites it).
+  if (!o.trace_dir.empty() && p != nullptr)
+    c.trace_file = fmt::format("{}/{}-{}-{}.json", o.trace_dir, kind_name(p->kind), p->size_label(),
+                               server ? "server" : "client");
   return c;
 }
 
@@ -626,7 +631,7 @@ void serve_ferry(Region& reg, const Options& o, int fd, const Point& p, uint64_t
                  const ferry::MrDesc& client) {
   const Layout l(p, o.region());
   if (o.verify) reg.zero(l.data);
-  auto e = std::make_unique<ferry::TransferEngine>(engine_config(o, true));
+  auto e = std::make_unique<ferry::TransferEngine>(engine_config(o, true, &p));
   std::vector<ferry::MrDesc> descs;
   if (p.kind == Kind::kScatter || p.kind == Kind::kBarrier) {
     for (uint32_t t = 0; t < p.count; ++t)
@@ -696,7 +701,7 @@ class FerryClient {
 
   Result run(uint64_t index, const Point& p, const DriveConfig& dc, uint64_t seed) {
     const Layout l(p, o_.region());
-    ferry::TransferEngine e(engine_config(o_, false));
+    ferry::TransferEngine e(engine_config(o_, false, &p));
     auto [h, mine] = e.reg_mr(region_.data(), o_.region(), region_.device());
     auto pong = e.imm_counter(kImmPong);
     std::atomic<uint64_t> received{0};
@@ -1249,6 +1254,9 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->expected(3);
   app.add_option("--json", o.json, "write every point (and the machine) to this JSON file");
+  app.add_option("--trace-dir", o.trace_dir,
+                 "ferry engines write a trace (docs/OBSERVABILITY.md) per point and side here, "
+                 "KIND-SIZE-client.json and -server.json");
   app.add_flag("--verify", o.verify,
                "fill a fresh pattern before every phase and check every written byte (and the "
                "gaps between pages) on the server afterwards; echo check for send/recv");
