@@ -45,7 +45,7 @@ core::PostResult NvlinkDomain::post_writes(std::span<const core::WriteDesc> writ
     // answers it sooner than a launch (4 KiB: 7.1 vs 11.4 us to the event,
     // ferry-nvlink-probe); several writes are a throughput one, for the kernel.
     const bool lone = i + 1 == writes.size() && issued_ == 0 && b->items.empty();
-    if (w.len >= kCopyEngineMin || (lone && w.len <= kLoneCopyMax)) {
+    if (w.len >= copy_engine_min_ || (lone && w.len <= kLoneCopyMax)) {
       const cudaError_t e = cudaMemcpyAsync(dst, w.src, w.len, cudaMemcpyDefault, stream_of(*b));
       if (e != cudaSuccess) {
         cudaGetLastError();
@@ -72,7 +72,7 @@ core::PostResult NvlinkDomain::post_writes(std::span<const core::WriteDesc> writ
 // Pages straight into the batch's op list: per page two index loads, a bounds
 // check and one or two CopyOps; the run is one Item however many pages it has.
 core::PostResult NvlinkDomain::post_paged(const core::PagedDesc& pd) {
-  if (pd.page_len == 0 || pd.page_len >= kCopyEngineMin) return Domain::post_paged(pd);
+  if (pd.page_len == 0 || pd.page_len >= copy_engine_min_) return Domain::post_paged(pd);
   cudaSetDevice(device_);
   posted_since_poll_ = true;
   Status err;

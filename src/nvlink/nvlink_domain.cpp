@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -54,6 +55,18 @@ std::unique_ptr<core::Domain> NvlinkDomain::open(const core::DomainOptions& opti
   }
   std::unique_ptr<NvlinkDomain> d(new NvlinkDomain());
   d->device_ = options.device.ordinal;
+  if (const char* v = std::getenv("FERRY_NVLINK_COPY_ENGINE_MIN"); v != nullptr && *v != 0) {
+    char* end = nullptr;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (end == v || *end != 0 || n == 0) {
+      set_error(error, Status(Code::kInvalidArgument,
+                              fmt::format("nvlink: FERRY_NVLINK_COPY_ENGINE_MIN='{}' is no "
+                                          "positive byte count",
+                                          v)));
+      return nullptr;
+    }
+    d->copy_engine_min_ = n;
+  }
   cudaError_t e = cudaSetDevice(d->device_);
   if (e != cudaSuccess) {
     set_error(error, Status(Code::kUnavailable,

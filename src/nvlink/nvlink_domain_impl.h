@@ -32,6 +32,8 @@ namespace ferry::nvlink {
 // Writes this large go to the copy engines (cudaMemcpyAsync), which reach
 // ~395 GB/s on their own and leave the SMs alone; smaller ones are cut into
 // <= 32 KiB ops of the next gather launch (or the copy engine for a lone write).
+// FERRY_NVLINK_COPY_ENGINE_MIN (bytes) moves the line, e.g. for a GPU whose
+// SMs are busy with the model while the KV writes of its layers go out.
 inline constexpr uint64_t kCopyEngineMin = 4 << 20;
 inline constexpr uint64_t kLoneCopyMax = 256 << 10;
 inline constexpr uint32_t kBatches = 32;  // launches in flight
@@ -222,6 +224,7 @@ class NvlinkDomain final : public core::Domain {
   }
 
   int device_ = 0;
+  uint64_t copy_engine_min_ = kCopyEngineMin;
   core::DomainInfo info_;
   std::vector<uint8_t> address_;
   RawAddress self_;
