@@ -38,13 +38,21 @@ run)
   mkdir -p "$OUT"
   nvidia-smi -L
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  # MPS=1: both processes' kernels share the GPU through MPS instead of taking turns as
+  # separate contexts (closer to two GPUs: neither waits for the other's time slice).
+  if [ -n "${MPS:-}" ]; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+    nvidia-cuda-mps-control -d && trap 'echo quit | nvidia-cuda-mps-control' EXIT
+  fi
   timeout -k 10 "${E2E_S:-330}" python3 -m ferry.kv.e2e --lengths "${LENGTHS:-1000,4000,16000}" --reps "${REPS:-5}" \
     --out "$OUT/kv_e2e.json" --trace-dir "$OUT/kv-traces" ${E2E_ARGS:-} 2>&1 | tee "$OUT/kv_e2e.txt" || true
-  # E2E2_ARGS: a second run with these options (e.g. "--poll adaptive", "--deterministic").
-  if [ -n "${E2E2_ARGS:-}" ]; then
-    timeout -k 10 "${E2E2_S:-200}" python3 -m ferry.kv.e2e --lengths "${LENGTHS:-1000,4000,16000}" \
+  # E2E2_ARGS: a second run with these options (e.g. "--poll adaptive", "--deterministic");
+  # E2E2_ENV: environment settings for it (FERRY_NVLINK_COPY_ENGINE_MIN=262144).
+  if [ -n "${E2E2_ARGS:-}${E2E2_ENV:-}" ]; then
+    env ${E2E2_ENV:-} timeout -k 10 "${E2E2_S:-200}" python3 -m ferry.kv.e2e --lengths "${LENGTHS:-1000,4000,16000}" \
       --reps "${REPS:-5}" --out "$OUT/kv_e2e_2.json" --trace-dir "$OUT/kv-traces-2" ${E2E_ARGS:-} \
-      $E2E2_ARGS 2>&1 | tee "$OUT/kv_e2e_2.txt" || true
+      ${E2E2_ARGS:-} 2>&1 | tee "$OUT/kv_e2e_2.txt" || true
   fi
   # CPU posting cost and whole-request throughput on the host's cores (shm, same run).
   if [ -z "${SKIP_BENCH:-}" ]; then

@@ -82,13 +82,25 @@ class KvRequest:
         self._next_ping = time.monotonic() + _PING_EVERY
         self._pings: list = []
         self._t0_ns = time.monotonic_ns()  # the request's span in the engine's trace
+        # time.monotonic_ns() when wait() saw the last arrival (0: not seen), and when the
+        # pages became the caller's (0: not yet): the waiter's wake-up, then its release.
+        self.seen_ns = 0
+        self.released_ns = 0
 
     # ------------------------------------------------------------ waiting
 
-    def wait(self, timeout: Optional[float] = None) -> None:
+    def wait(self, timeout: Optional[float] = None, *, spin: bool = False) -> None:
         """Wait until every page and the context arrived (pages released to the caller
         as complete). Raises RequestRefused, RequestAborted (the prefiller aborted),
-        PeerDead or TransferTimeout (the request's deadline), never hangs past it."""
+        PeerDead or TransferTimeout (the request's deadline), never hangs past it.
+
+        spin: once the prefiller accepted, poll the request's counter without sleeping
+        (ImmCounter.wait(spin=True)): a core busy until the last arrival, and no
+        wake-up after it (tens to hundreds of microseconds on an idle host).
+
+        A completed request returns as soon as its pages are the caller's; the receiver's
+        own bookkeeping (the request's immediate back to its pool, its trace span) runs
+        at the receiver's next request() or stats()."""
         end = self.deadline if timeout is None else min(self.deadline, time.monotonic() + timeout)
         while True:
             with self.rx._lock:
@@ -113,6 +125,7 @@ class KvRequest:
                 continue
             now = time.monotonic()
             if expected is not None and self.counter.value >= expected:
+                self.seen_ns = time.monotonic_ns()
                 self._finish()
                 continue
             if now >= end:
@@ -123,25 +136,31 @@ class KvRequest:
             self._probe(now)
             if self.error is not None or self.released:
                 continue
-            self._wait_slice(expected, min(end - now, _SLICE))
+            self._wait_slice(expected, min(end - now, _SLICE), spin)
 
-    def _wait_slice(self, expected: Optional[int], t: float) -> None:
+    def _wait_slice(self, expected: Optional[int], t: float, spin: bool = False) -> None:
         if expected is None:
             with self.rx._cond:
                 self.rx._cond.wait(t)
             return
         try:
-            self.counter.wait(expected, timeout=t)
+            self.counter.wait(expected, timeout=t, spin=spin)
         except (Timeout, Cancelled):  # Cancelled: released meanwhile (a dead peer)
             return
-        with self.rx._lock:
-            self.state = "done"
-        self._release()
+        self.seen_ns = time.monotonic_ns()
+        self._finish()
 
     def _finish(self) -> None:
+        # The pages are the caller's at once; the receiver's bookkeeping (the request's
+        # immediate back to the pool, its trace span) runs at the receiver's next call:
+        # tens of microseconds of Python that the caller would otherwise wait for.
         with self.rx._lock:
             self.state = "done"
-        self._release()
+            if self.released:
+                return
+            self.released = True
+            self.released_ns = time.monotonic_ns()
+            self.rx._retiring.append(self)
 
     # ------------------------------------------------------------ abort
 
@@ -266,9 +285,13 @@ class KvRequest:
             if self.released:
                 return
             self.released = True
+            self.released_ns = time.monotonic_ns()
+        self._bookkeep()
+
+    def _bookkeep(self) -> None:
         if getattr(self.rx.engine, "tracing", False):
             self.rx.engine.trace_span(f"request {self.req_id} {self.state}", self._t0_ns,
-                                      time.monotonic_ns(), "kv decode")
+                                      self.released_ns, "kv decode")
         self.rx._retire(self)
 
 
@@ -300,6 +323,7 @@ class KvReceiver:
         self._imm_free = list(range(imm_base + imm_slots - 1, imm_base - 1, -1))
         self._links: dict = {}  # session -> PrefillLink
         self._live: dict = {}  # req_id -> KvRequest
+        self._retiring: list = []  # completed, released, bookkeeping not yet done
         self.completed = 0
         engine.submit_recvs(wire.MAX_MESSAGE, RECV_BUFFERS, self._on_message)
 
@@ -342,6 +366,7 @@ class KvReceiver:
         chunk_tokens: the prefill chunk size (a multiple of the page size; default one
         chunk). deadline: seconds from now.
         """
+        self._drain_retiring()
         groups = pages if isinstance(pages, (list, tuple)) and len(pages) and \
             not np.isscalar(pages[0]) else [pages]
         groups = [np.ascontiguousarray(g, dtype=np.uint32) for g in groups]
@@ -375,6 +400,7 @@ class KvReceiver:
         return req
 
     def stats(self) -> dict:
+        self._drain_retiring()
         with self._lock:
             return {"live": len(self._live), "imms_free": len(self._imm_free),
                     "links": len(self._links), "completed": self.completed}
@@ -430,6 +456,12 @@ class KvReceiver:
         except FerryError as e:
             link.dead = True
             log.info("KV %s to %s failed: %s", kind.name, link, e)
+
+    def _drain_retiring(self) -> None:
+        with self._lock:
+            todo, self._retiring = self._retiring, []
+        for req in todo:
+            req._bookkeep()
 
     def _retire(self, req: KvRequest) -> None:
         with self._lock:

@@ -22,6 +22,7 @@ traces give where the time after the forward goes (ferry.kv.e2e_report).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -227,6 +228,8 @@ def _prefill(args, cmd_q, res_q) -> None:
 
     graphs = {}
     bumps = [0]  # word value the host knows the graph reached (L + 1 per forward)
+    gc.collect()
+    gc.freeze()
 
     def forward(ids, ntok, page_ids, bump):
         cache = PagingCache().attach(pages, page_ids, ntok, word if bump else None)
@@ -370,6 +373,10 @@ def _decode(args, prefill_addr, cmd_q, res_q) -> None:
     first_page = 37  # contiguous pages at an offset of the decoder's own choosing
     page_lists = {}
     now = time.monotonic_ns
+    # The model's objects out of the cyclic collector's way, as serving engines do after
+    # start-up: a collection on the release path would scan all of them.
+    gc.collect()
+    gc.freeze()
     while True:
         cmd = cmd_q.get()
         if cmd[0] == "stop":
@@ -382,14 +389,17 @@ def _decode(args, prefill_addr, cmd_q, res_q) -> None:
             n = -(-ntok // TPP)
             ids = page_lists.setdefault(n, np.arange(first_page, first_page + n, dtype=np.uint32))
             req = rx.request(rid, ids, ntok, [link], ctx_slot=0, ctx_len=clen, deadline=60)
-            req.wait(60)
+            # Busy: the decoder's thread polls like its worker, rather than sleep
+            # through the prefill and pay a wake-up at its end.
+            req.wait(60, spin=args.poll == "busy")
             t_rel = now()
             first = int(ctx[:8].view(torch.int64)[0])  # the first token, from the context
             t_end = now()
             ctx.zero_()  # for the next request, after the clock stopped
             torch.cuda.synchronize()
             res_q.put(("ok", {"ttft_ns": t_end - t0, "recv_ns": t_recv - t0,
-                              "released_ns": t_rel, "first": first}))
+                              "released_ns": t_rel, "seen_ns": req.seen_ns,
+                              "pages_released_ns": req.released_ns, "first": first}))
         elif cmd[0] == "decode":
             _, rid, ntok, first = cmd
             n = -(-ntok // TPP)
@@ -517,7 +527,8 @@ def _one_length(args, i, ntok, pq, pr, dq, dr, get, results, serves) -> bool:
     dq.put(("decode", last, ntok, d_runs[-1]["first"]))
     _, d = get(dr, f"decode {ntok}")
     for x, s in zip(d_runs, s_runs):
-        serves.append({"tokens": ntok, "window": s.pop("window"), "released_ns": x["released_ns"]})
+        serves.append({"tokens": ntok, "window": s.pop("window"), "released_ns": x["released_ns"],
+                       "seen_ns": x["seen_ns"], "pages_released_ns": x["pages_released_ns"]})
     same_tokens = d["tokens"] == c["tokens"]
     same_pages = d["sums"] == c["sums"]
     ttft_d = med(sorted(x["ttft_ns"] for x in d_runs)) / 1e6
@@ -556,7 +567,9 @@ def _add_breakdown(args, results, serves) -> None:
     by_len = {}
     for sv in serves:
         b = e2e_report.request_breakdown(spans, tuple(sv["window"]), results["ctx_bytes"],
-                                         args.layers, sv["released_ns"], imms)
+                                         args.layers, sv["released_ns"], imms,
+                                         seen_ns=sv["seen_ns"] or None,
+                                         pages_released_ns=sv["pages_released_ns"] or None)
         by_len.setdefault(sv["tokens"], []).append(b)
     for run in results["runs"]:
         bs = by_len.get(run["tokens"], [])

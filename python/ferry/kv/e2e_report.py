@@ -40,14 +40,18 @@ def imm_instants(trace_path: str) -> list:
 
 def request_breakdown(spans: Iterable[tuple], window: tuple, ctx_bytes: int,
                       layers: int, released_ns: Optional[int] = None,
-                      decoder_imms: Optional[list] = None) -> dict:
+                      decoder_imms: Optional[list] = None,
+                      seen_ns: Optional[int] = None,
+                      pages_released_ns: Optional[int] = None) -> dict:
     """Per-hop times of one request, in microseconds.
 
     window: (first_ns, last_ns) that holds this request's writes and no other's.
     released_ns: when the decoder's wait returned (CLOCK_MONOTONIC, the clock of the
     trace). decoder_imms: the decoder engine's immediate times (imm_instants); the last
     one before released_ns is when its worker counted the request complete, the moment a
-    kernel waiting on an imm_counter_gpu flag is released.
+    kernel waiting on an imm_counter_gpu flag is released. seen_ns: when the decoder's
+    wait saw the count complete (KvRequest.seen_ns), before its bookkeeping;
+    pages_released_ns: when that bookkeeping ended (KvRequest.released_ns).
 
     The prefill forward posts a layer's K and V when its cache hook ran (before that
     layer's attention), and the context after the last layer, the final norm and the
@@ -87,6 +91,12 @@ def request_breakdown(spans: Iterable[tuple], window: tuple, ctx_bytes: int,
         counted = [t for t in decoder_imms or [] if t <= released_ns]
         if counted:
             out["exposed_engine_us"] = (counted[-1] - c[0]) / 1e3
+            if seen_ns is not None:
+                # The waiting thread's wake-up, then the bookkeeping before wait returns.
+                out["wait_saw_count_after_us"] = (seen_ns - counted[-1]) / 1e3
+                out["release_after_seen_us"] = (released_ns - seen_ns) / 1e3
+                if pages_released_ns is not None:
+                    out["bookkeeping_us"] = (pages_released_ns - seen_ns) / 1e3
     return out
 
 

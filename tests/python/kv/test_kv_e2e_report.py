@@ -66,6 +66,14 @@ def test_breakdown_of_each_request_from_its_window(tmp_path):
     assert out["exposed_us"] == pytest.approx(55.0)
     assert out["exposed_engine_us"] == pytest.approx(35.0)
     assert out["release_after_context_done_us"] == pytest.approx(53.0)
+    assert "wait_saw_count_after_us" not in out
+    # the waiter saw the count at +45 us: 5 us after the worker counted, 15 before returning
+    seen = e2e_report.request_breakdown(spans, (b - 1_000, b + 1_000_000), CTX, LAYERS,
+                                        released_ns=last + 60_000, decoder_imms=imms,
+                                        seen_ns=last + 45_000, pages_released_ns=last + 52_000)
+    assert seen["wait_saw_count_after_us"] == pytest.approx(5.0)
+    assert seen["release_after_seen_us"] == pytest.approx(15.0)
+    assert seen["bookkeeping_us"] == pytest.approx(7.0)
     first = e2e_report.request_breakdown(spans, (a, a + 1_000_000), CTX, LAYERS)
     assert "exposed_us" not in first and "exposed_engine_us" not in first and first["writes"] == 2 * LAYERS + 1
 

@@ -90,9 +90,10 @@ def test_decoder_aborts_before_during_and_after(kind, make_peer, make_decode):
     assert d.untouched(pages, layers=range(2, L))
     d.reset(pages)
 
-    # After: completion first; the abort is a no-op and the pages stay as received.
+    # After: completion first (waited for spinning); the abort is a no-op and the pages
+    # stay as received.
     req, pages, slot = start(d, 3)
-    req.wait(20)
+    req.wait(20, spin=True)
     req.abort(timeout=10)
     assert req.state == "done"
     d.check(3, pages, NTOK, slot, kvsim.CTX_BYTES)
