@@ -274,7 +274,8 @@ class TransferEngine(_Observability):
         nics_per_group: NICs per group when `nics` is None.
         worker_cpu: core to pin the worker thread to (-1: no pinning).
         callback_cpu: core to pin the callback thread to (-1: no pinning).
-        poll_mode: "adaptive" (spin, then block; default) or "busy" (spin forever).
+        poll_mode: "adaptive" (spin, then block; default) or "busy" (spin forever: the worker
+            and the callback thread each take a core).
         default_timeout: deadline in seconds for transfers and sends (default 30; None or
             0: none).
         groups: advanced: a list of ferry.Group (one per device, e.g. per GPU); replaces
