@@ -366,7 +366,6 @@ class KvReceiver:
         chunk_tokens: the prefill chunk size (a multiple of the page size; default one
         chunk). deadline: seconds from now.
         """
-        self._drain_retiring()
         groups = pages if isinstance(pages, (list, tuple)) and len(pages) and \
             not np.isscalar(pages[0]) else [pages]
         groups = [np.ascontiguousarray(g, dtype=np.uint32) for g in groups]
@@ -381,6 +380,9 @@ class KvReceiver:
         if missing or not sources:
             raise ValueError(f"no link to prefill rank(s) {missing}")
         with self._lock:
+            # What completed requests still hold goes first when this one needs it.
+            if self._retiring and (not self._imm_free or req_id in self._live):
+                self._drain_retiring()
             if req_id in self._live:
                 raise ValueError(f"request {req_id} is live on this rank")
             if not self._imm_free:
@@ -397,6 +399,8 @@ class KvReceiver:
             msg = wire.Request(req_id, imm, int(deadline * 1000), num_tokens, chunk_pages,
                                ctx_slot, ctx_len if i == 0 else ctx_len, groups)
             self._send(p.link, Msg.REQUEST, msg)
+        # Earlier requests' bookkeeping after this one's messages went out.
+        self._drain_retiring()
         return req
 
     def stats(self) -> dict:

@@ -134,6 +134,12 @@ def test_prefiller_aborts_and_refusals(kind, make_peer, make_decode):
     d.rx._send(link, Msg.REQUEST, dup)  # stale: finished already
     wait_refusal(peer, "STALE", stale + 1)
     d.check(12, pages, NTOK, slot, kvsim.CTX_BYTES)
+    # The same id through request() after the first completed: the receiver lets it out
+    # (the first one's deferred bookkeeping is done first) and the prefiller refuses it.
+    again, _, _ = start(d, 12)
+    with pytest.raises(RequestRefused):
+        again.wait(20)
+    wait_refusal(peer, "STALE", stale + 2)
     (st,) = peer.call("stats")
     assert st["jobs"] == 0 and st["pending"] == 0
 
