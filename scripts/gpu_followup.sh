@@ -47,7 +47,7 @@ if nvidia-cuda-mps-control -d > "$O/mps.txt" 2>&1; then
     timeout 25 $B/lat-chain --provider $p --op imm --poll busy --iters 2000 >> "$O/chain.txt" 2>&1
     echo "rc=$?" >> "$O/chain.txt"
   done
-  echo quit | nvidia-cuda-mps-control
+  echo quit | timeout 20 nvidia-cuda-mps-control
 else
   echo "MPS did not start" >> "$O/summary.txt"
 fi

@@ -75,7 +75,7 @@ for s in ${SECTIONS:-obs latency chain}; do
         timeout 40 "$B/lat-chain" --provider $p --op imm --poll busy --iters 3000 >> "$O/chain.txt" 2>&1
         echo "rc=$?" >> "$O/chain.txt"
       done; done
-      echo quit | nvidia-cuda-mps-control
+      echo quit | timeout 20 nvidia-cuda-mps-control
     else
       echo "MPS did not start" >> "$S"
     fi
