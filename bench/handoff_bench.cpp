@@ -6,9 +6,6 @@
 //
 //   handoff_bench [--cpus A,B] [--iters N] [--rounds R]
 #include <concurrentqueue/concurrentqueue.h>
-#include <pthread.h>
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -21,16 +18,14 @@
 #include <vector>
 
 #include "core/cpu_relax.h"
+#include "core/log.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 void pin(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  ferry::core::pin_current_thread(cpu, "handoff_bench");
 }
 
 template <size_t N>

@@ -62,6 +62,11 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout, WaitMode mo
                   "ImmCounter::wait: the engine stopped or the counter was removed (have " +
                       std::to_string(value()) + " of " + std::to_string(n) + ")");
   };
+  auto expired = [&] {
+    return Status(Code::kDeadlineExceeded, "ImmCounter::wait: " + std::to_string(n) +
+                                               " arrivals not reached (have " +
+                                               std::to_string(value()) + ")");
+  };
   if (mode == WaitMode::kSpin) {
     for (uint32_t i = 1;; ++i) {
       if (try_consume(n)) {
@@ -75,9 +80,7 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout, WaitMode mo
           timed.arrived = true;
           return {};
         }
-        return Status(Code::kDeadlineExceeded, "ImmCounter::wait: " + std::to_string(n) +
-                                                   " arrivals not reached (have " +
-                                                   std::to_string(value()) + ")");
+        return expired();
       }
       core::cpu_relax();
     }
@@ -102,10 +105,7 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout, WaitMode mo
       break;
     }
     if (s_->cv.wait_until(lk, deadline) == std::cv_status::timeout) {
-      if (!consume(*s_, n))
-        st = Status(Code::kDeadlineExceeded, "ImmCounter::wait: " + std::to_string(n) +
-                                                 " arrivals not reached (have " +
-                                                 std::to_string(value()) + ")");
+      if (!consume(*s_, n)) st = expired();
       break;
     }
   }

@@ -126,7 +126,7 @@ double secs_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-ferry::EngineConfig engine_config(const Options& o, bool server, const Point* p = nullptr) {
+ferry::EngineConfig engine_config(const Options& o, bool server, const Point& p) {
   const std::vector<int>& cpu = server ? o.server_cpu : o.cpu;
   ferry::EngineConfig c;
   c.provider = o.provider;
@@ -140,8 +140,8 @@ ferry::EngineConfig engine_config(const Options& o, bool server, const Point* p 
   c.poll_mode = o.poll_mode();
   c.default_deadline = 60s;
   // One trace per point and side (a later repeat of the point overwrites it).
-  if (!o.trace_dir.empty() && p != nullptr)
-    c.trace_file = fmt::format("{}/{}-{}-{}.json", o.trace_dir, kind_name(p->kind), p->size_label(),
+  if (!o.trace_dir.empty())
+    c.trace_file = fmt::format("{}/{}-{}-{}.json", o.trace_dir, kind_name(p.kind), p.size_label(),
                                server ? "server" : "client");
   return c;
 }
@@ -631,7 +631,7 @@ void serve_ferry(Region& reg, const Options& o, int fd, const Point& p, uint64_t
                  const ferry::MrDesc& client) {
   const Layout l(p, o.region());
   if (o.verify) reg.zero(l.data);
-  auto e = std::make_unique<ferry::TransferEngine>(engine_config(o, true, &p));
+  auto e = std::make_unique<ferry::TransferEngine>(engine_config(o, true, p));
   std::vector<ferry::MrDesc> descs;
   if (p.kind == Kind::kScatter || p.kind == Kind::kBarrier) {
     for (uint32_t t = 0; t < p.count; ++t)
@@ -701,7 +701,7 @@ class FerryClient {
 
   Result run(uint64_t index, const Point& p, const DriveConfig& dc, uint64_t seed) {
     const Layout l(p, o_.region());
-    ferry::TransferEngine e(engine_config(o_, false, &p));
+    ferry::TransferEngine e(engine_config(o_, false, p));
     auto [h, mine] = e.reg_mr(region_.data(), o_.region(), region_.device());
     auto pong = e.imm_counter(kImmPong);
     std::atomic<uint64_t> received{0};

@@ -125,7 +125,6 @@ class KvRequest:
                 continue
             now = time.monotonic()
             if expected is not None and self.counter.value >= expected:
-                self.seen_ns = time.monotonic_ns()
                 self._finish()
                 continue
             if now >= end:
@@ -147,10 +146,10 @@ class KvRequest:
             self.counter.wait(expected, timeout=t, spin=spin)
         except (Timeout, Cancelled):  # Cancelled: released meanwhile (a dead peer)
             return
-        self.seen_ns = time.monotonic_ns()
         self._finish()
 
     def _finish(self) -> None:
+        self.seen_ns = time.monotonic_ns()
         # The pages are the caller's at once; the receiver's bookkeeping (the request's
         # immediate back to the pool, its trace span) runs at the receiver's next call:
         # tens of microseconds of Python that the caller would otherwise wait for.
