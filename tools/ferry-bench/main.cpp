@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -1297,6 +1298,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
+  if (!o.trace_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.trace_dir, ec);
+    if (ec) {
+      std::fprintf(stderr, "ferry-bench: --trace-dir %s: %s\n", o.trace_dir.c_str(),
+                   ec.message().c_str());
+      return 2;
+    }
+  }
   if (o.seconds <= 0) o.seconds = o.quick ? 0.25 : 1.0;
   if (o.nvlink()) {
     if (o.gpu.empty() || !o.nic_names.empty() || o.nics != 1) {
