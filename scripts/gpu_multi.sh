@@ -57,7 +57,7 @@ if ! want rl; then
   :
 elif [ -d .rl-carry ]; then
   if [ "$N" -ge 4 ]; then RL_ARGS="--gpus 0,1,2,3 --baselines gloo,nccl"; else RL_ARGS="--gpus 0,0,1,1"; fi
-  RL_BENCH_ARGS="$RL_ARGS" OUT="$OUT/rl" bash scripts/gpu_rl.sh
+  RL_RUNS="${RL_RUNS:-offload resident}" RL_BENCH_ARGS="$RL_ARGS" OUT="$OUT/rl" bash scripts/gpu_rl.sh
   echo "rl rc=$?" >> "$OUT/machine.txt"
 else
   echo "rl skipped: no .rl-carry" >> "$OUT/machine.txt"

@@ -6,6 +6,7 @@
 # by the recipe in docs/RL.md): the installed ferry of a python 3.12 build, with
 # ferry/rl from the working tree, ml_dtypes, and the libraries the machine lacks.
 # RL_BENCH_ARGS: more gpu_bench options (scripts/gpu_multi.sh: --gpus, --baselines).
+# RL_RUNS, RL_PACK, RL_SKIP_PYTEST, RL_SKIP_PLAN: below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/rl-gpu-out}
@@ -17,16 +18,40 @@ export PYTHONPATH=$CARRY:$CARRY/site LD_LIBRARY_PATH=$CARRY/lib:${LD_LIBRARY_PAT
 nvidia-smi -L | tee "$OUT/gpu.txt"
 "$PY" -c "import sys, torch, numpy, ferry; print(sys.version.split()[0], 'torch', torch.__version__, 'numpy', numpy.__version__, ferry.__file__)" | tee -a "$OUT/gpu.txt"
 rc=0
-timeout ${RL_BENCH_S:-230} "$PY" -m ferry.rl.gpu_bench --out "$OUT" --steps 3 --deadline 210 \
-  --watermark-mb ${RL_WATERMARK_MB:-512} ${RL_BENCH_ARGS:-} 2>&1 | tail -c 20000 | tee "$OUT/gpu-bench.txt" || rc=1
-timeout ${RL_PYTEST_S:-80} "$PY" -m pytest tests/python/rl -q -rs -m "not gpu" -p no:cacheprovider 2>&1 \
-  | tail -c 8000 | tee "$OUT/pytest-rl.txt" || rc=1
+# RL_RUNS: configurations of the bench, each into $OUT/<name>: offload (the shards in
+# pinned host memory, FSDP2's CPU offload), resident (in GPU memory), and either with
+# -gather (every job gathered on one owner, the seed's full_tensor way) for the A/B.
+for run in ${RL_RUNS:-offload}; do
+  case $run in
+    offload) args="" ;; offload-gather) args="--gather" ;;
+    resident) args="--resident" ;; resident-gather) args="--resident --gather" ;;
+    *) echo "unknown RL_RUNS entry $run" >&2; rc=1; continue ;;
+  esac
+  mkdir -p "$OUT/$run"
+  echo "== $run: gpu_bench $args" | tee -a "$OUT/gpu-bench.txt"
+  timeout ${RL_BENCH_S:-230} "$PY" -m ferry.rl.gpu_bench --out "$OUT/$run" --steps 3 --deadline 210 \
+    --watermark-mb ${RL_WATERMARK_MB:-512} $args ${RL_BENCH_ARGS:-} 2>&1 | tail -c 20000 | tee -a "$OUT/gpu-bench.txt" || rc=1
+done
+first=$OUT/$(set -- ${RL_RUNS:-offload}; echo "$1")
+if [ -z "${RL_SKIP_PYTEST:-}" ]; then
+  timeout ${RL_PYTEST_S:-80} "$PY" -m pytest tests/python/rl -q -rs -m "not gpu" -p no:cacheprovider 2>&1 \
+    | tail -c 8000 | tee "$OUT/pytest-rl.txt" || rc=1
+fi
 CAL=$OUT/calibration.json
-"$PY" - "$OUT" > "$CAL" <<'PY' || echo '{}' > "$CAL"
+"$PY" - "$first" > "$CAL" <<'PY' || echo '{}' > "$CAL"
 import json, sys
 s = json.load(open(sys.argv[1] + "/rl-gpu-summary.json"))["summary"]
 print(json.dumps({"quant_GBps": s["quant_GBps"]} if s.get("quant_GBps") else {}))
 PY
-timeout ${RL_PLAN_S:-60} "$PY" -m ferry.rl.plan --model Kimi-K2 --measure-posting --calibration "$CAL" \
-  --json "$OUT/plan-kimi.json" 2>&1 | tee "$OUT/plan.txt" || rc=1
+if [ -z "${RL_SKIP_PLAN:-}" ]; then
+  timeout ${RL_PLAN_S:-60} "$PY" -m ferry.rl.plan --model Kimi-K2 --measure-posting --calibration "$CAL" \
+    --json "$OUT/plan-kimi.json" 2>&1 | tee "$OUT/plan.txt" || rc=1
+fi
+# RL_PACK=1: everything in one archive (the device tool returns few files), the
+# summaries beside it
+if [ -n "${RL_PACK:-}" ]; then
+  for run in ${RL_RUNS:-offload}; do cp "$OUT/$run/rl-gpu-summary.json" "$OUT/summary-$run.json" 2>/dev/null; done
+  tar -C "$OUT" -czf /tmp/rl-all.tar.gz --exclude='summary-*' . && mv /tmp/rl-all.tar.gz "$OUT/rl-all.tar.gz"
+  find "$OUT" -mindepth 1 -maxdepth 1 ! -name 'summary-*' ! -name rl-all.tar.gz ! -name gpu-bench.txt -exec rm -rf {} +
+fi
 exit $rc

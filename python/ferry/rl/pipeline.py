@@ -1,9 +1,9 @@
 """The per-step pipeline (seed Figure 5) on the trainer side and the inference side.
 
 Trainer rank, for each MeshGroup in order, for each job of its sub-mesh in the
-schedule's order: a rank that holds rows of the job's parameters sends them to the
-job's owner (stage 1, H2D where the shards are offloaded, happens on the owner after
-the rows arrive); the owner waits until the ring memory the job reuses is free (the
+schedule's order: a rank that holds rows of a gathered job's parameters sends them to
+the job's owner (a direct job's owner holds every row itself; stage 1, H2D where the
+shards are offloaded, happens on the owner); the owner waits until the ring memory the job reuses is free (the
 watermark), gathers the rows into its registered staging memory (stage 2,
 ``full_tensor`` restricted to the rows this job needs), fuses and quantises into the
 destination layout, and posts one prepared scatter: every write of the job, weights
@@ -73,6 +73,10 @@ class NumpyBackend:
     def copy(self, dst, src) -> None:
         dst[...] = src
 
+    def crosses(self, src) -> bool:
+        """Whether copying `src` into the staging memory is a host-to-device copy."""
+        return False
+
     def quantize(self, src, q, s) -> None:
         qq, ss = quantize_np(src)
         q[...] = qq
@@ -118,6 +122,9 @@ class TorchBackend:
 
     def copy(self, dst, src) -> None:
         dst.copy_(src, non_blocking=True)
+
+    def crosses(self, src) -> bool:
+        return src.device.type == "cpu" and self.device.type != "cpu"
 
     def quantize(self, src, q, s) -> None:
         qq, ss = quantize_torch(src)
@@ -197,8 +204,11 @@ class WeightSender:
     def __init__(self, engine: ferry.TransferEngine, exchange, *, rank: int, blocks: Sequence[TrainerBlock],
                  trainer_ranks: Sequence[int], inference_ranks: Sequence[int], watermark: int,
                  backend: Any = None, controller: int = 0,
-                 after_post: Optional[Callable[[int, int], None]] = None):
+                 after_post: Optional[Callable[[int, int], None]] = None, direct: bool = True,
+                 direct_min_bytes: int = S.DIRECT_MIN_BYTES):
         self.engine, self.ex, self.rank = engine, exchange, rank
+        # direct writes (schedule.build); the controller's choice holds
+        self.direct, self.direct_min_bytes = direct, direct_min_bytes
         self.blocks = list(blocks)
         self.trainer_ranks, self.inference_ranks = list(trainer_ranks), list(inference_ranks)
         self.watermark = watermark
@@ -213,7 +223,8 @@ class WeightSender:
         meta = TrainerMeta(self.rank, self.engine.nics_per_group, tuple(self.blocks))
 
         def build(trainers, infs):
-            s = S.build(trainers, infs, self.watermark, route_imm=_route_imm)
+            s = S.build(trainers, infs, self.watermark, route_imm=_route_imm, direct=self.direct,
+                        direct_min_bytes=self.direct_min_bytes)
             S.check(s, infs)
             return s
 
@@ -234,13 +245,14 @@ class WeightSender:
         return self.schedule
 
     def _pieces(self, j: S.Job, shards):
-        """(part index, rows [a, b) of the part this rank holds, 2-D view of them)."""
+        """(part index, rows [a, b) of the part this rank holds, 2-D view of them); for a
+        rank other than the owner only the rows the owner lacks (replicated blocks)."""
         for pi, (p, b) in enumerate(j.parts):
             if (b.name, b.row0) not in self._mine:
                 continue
             sa, sb = b.shard_rows(self.rank)
             a, e = max(sa, p.r0 - b.row0), min(sb, p.r1 - b.row0)
-            if a >= e:
+            if a >= e or (j.owner != self.rank and _holds(b, j.owner, a, e)):
                 continue
             local = self.backend.rows(shards[(b.name, b.row0)], sb - sa, b.cols)
             yield pi, a + b.row0 - p.r0, e + b.row0 - p.r0, local[a - sa:e - sa, p.c0:p.c1]
@@ -294,10 +306,12 @@ class WeightSender:
             for jid in ids:
                 j = s.jobs[jid]
                 if j.owner != me:
-                    t0 = time.perf_counter()
+                    t0, sent = time.perf_counter(), False
                     for pi, _, _, piece in self._pieces(j, shards):
                         self.ex.send(self.trainer_ranks[j.owner], _tag(step, jid, pi), piece)
-                    st.add("send", j.recipe, t0, time.perf_counter(), base)
+                        sent = True
+                    if sent:
+                        st.add("send", j.recipe, t0, time.perf_counter(), base)
                     continue
                 t0 = time.perf_counter()
                 for w in j.wait_for:
@@ -312,10 +326,15 @@ class WeightSender:
                 for p, b in j.parts:
                     views.append(be.view(self.pool, off, (p.rows, p.cols), b.dtype))
                     off += p.rows * p.cols * ITEMSIZE[b.dtype]
-                mine = set()
+                crossed = False
                 for pi, a, e, piece in self._pieces(j, shards):
                     be.copy(views[pi][a:e], piece)
-                    mine.add((pi, a))
+                    crossed = crossed or be.crosses(piece)
+                if crossed:  # this rank's own offloaded rows: stage 1
+                    be.sync()
+                    th = time.perf_counter()
+                    st.add("h2d", j.recipe, t1, th, base)
+                    t1 = th
                 uploads = []
                 for pi, (p, b) in enumerate(j.parts):
                     for k in b.mesh:
@@ -323,14 +342,15 @@ class WeightSender:
                             continue
                         sa, sb = b.shard_rows(k)
                         a, e = max(sa, p.r0 - b.row0), min(sb, p.r1 - b.row0)
-                        if a >= e:
+                        if a >= e or _holds(b, me, a, e):
                             continue
                         dst = views[pi][a + b.row0 - p.r0:e + b.row0 - p.r0]
                         host = be.recv_buffer(dst)
                         self.ex.recv(self.trainer_ranks[k], _tag(step, jid, pi), host, left())
                         uploads.append((host, dst))
                 t2 = time.perf_counter()
-                st.add("gather", j.recipe, t1, t2, base)
+                if uploads or not crossed:
+                    st.add("gather", j.recipe, t1, t2, base)
                 for host, dst in uploads:
                     be.upload(host, dst)
                 t3 = time.perf_counter()
@@ -445,6 +465,12 @@ class WeightReceiver:
         a = self._abort[slot]
         while a.try_consume(1):
             pass
+
+
+def _holds(b: TrainerBlock, rank: int, a: int, e: int) -> bool:
+    """Whether `rank` holds rows [a, e) of block `b` itself."""
+    sa, sb = b.shard_rows(rank)
+    return sa <= a and e <= sb
 
 
 def _dtype_name(arr) -> str:

@@ -6,8 +6,15 @@ metadata, broadcast, then replayed every step.
   the bytes it produces (weights, then fp8 scales) and every inference rank that takes
   exactly those bytes at exactly that place (replicas of a TP slice, of an EP slice,
   of a whole instance), so it is materialised and quantised once and written N times.
-* The owner of a job is one rank of its sub-mesh, chosen longest-job-first onto the
-  rank whose NICs carry the fewest bytes so far: bytes balanced across trainer NICs.
+* Direct writes (the default): where the trainer's shards meet inside a recipe part
+  without cutting a 128-row scale block, the part is also cut there, so each piece
+  is held whole by one rank, which becomes its owner: it fuses, quantises and writes
+  its own rows and nothing is gathered. Where a cut would split a scale block (a
+  quantised part whose shard boundary is not 128-aligned), the piece is gathered by
+  one owner from the ranks holding its rows, as the seed's ``full_tensor()`` does.
+* The owner of a job is one of the ranks that may own it (its holders: the one rank
+  holding a direct piece, every rank of the sub-mesh for a gathered one), chosen
+  longest-job-first onto the holder whose NICs carry the fewest bytes so far.
 * Every rank of a sub-mesh walks the sub-mesh's jobs in one order (the owners' lists
   interleaved, so all NICs start at once); MeshGroups one after another.
 * Each owner's temporary memory is a ring of `watermark` bytes; a job's place in it is
@@ -28,6 +35,7 @@ from .model import GROUP_ORDER
 from .quant import ITEMSIZE, scale_shape
 
 ALIGN = 256
+DIRECT_MIN_BYTES = 256 << 10  # a piece smaller than this is gathered rather than cut (_by_shard)
 
 
 def _align(n: int) -> int:
@@ -58,6 +66,7 @@ class Job:
     weight_bytes: int
     scale_bytes: int
     writes: list[Write] = field(default_factory=list)
+    holders: tuple[int, ...] = ()  # ranks that may own it (hold every row, or gather them)
     owner: int = -1
     pool_offset: int = -1
     wait_for: tuple[int, ...] = ()  # jobs (same owner) whose memory this one reuses
@@ -155,55 +164,87 @@ def _split(part: Part, blocks: list[TrainerBlock]) -> list[tuple[Part, TrainerBl
     raise ValueError(f"no trainer block holds rows [{r}, {part.r1}) of {part.param}")
 
 
-def _pieces(rec: Recipe, idx: dict[str, list[TrainerBlock]]):
-    """Cut a recipe into runs of parts held by one sub-mesh: (parts, weight row0, scale row0)."""
-    parts: list[tuple[Part, TrainerBlock]] = []
+def _by_shard(p: Part, b: TrainerBlock, r0: int, quantised: bool, min_bytes: int) -> list[tuple[Part, tuple[int, ...]]]:
+    """`p` (rows of block `b`) cut where the block's shards meet: (piece, the rank holding
+    it). Uncut, with the whole mesh as holders, when the block is replicated, when a cut
+    would split a 128-row scale block (counted from `r0`, where the recipe part starts),
+    or when the pieces would be under `min_bytes` on average: every piece is written to
+    every replica, so cutting a norm vector 128 ways multiplies its work requests by 128
+    to save a gather of a few kilobytes."""
+    if b.placements == ("Replicate()",) or len(b.mesh) == 1:
+        return [(p, b.mesh)]
+    span = -(-b.shape[0] // len(b.mesh)) * (b.rows // b.shape[0])  # rows per shard
+    out = []
+    for i in range((p.r0 - b.row0) // span, (p.r1 - 1 - b.row0) // span + 1):
+        a, e = max(b.row0 + i * span, p.r0), min(b.row0 + (i + 1) * span, p.r1)
+        out.append((Part(p.param, a, e, p.c0, p.c1), (b.mesh[i],)))
+    if quantised and any((q.r0 - r0) % 128 for q, _ in out):
+        return [(p, b.mesh)]
+    if len(out) > 1 and p.rows * p.cols * ITEMSIZE[b.dtype] < min_bytes * len(out):
+        return [(p, b.mesh)]
+    return out
+
+
+def _pieces(rec: Recipe, idx: dict[str, list[TrainerBlock]], direct: int):
+    """Cut a recipe into runs of parts with the same holders (one sub-mesh, or with
+    `direct` one rank of it): (parts, holders, weight row0, scale row0)."""
+    parts: list[tuple[Part, TrainerBlock, tuple[int, ...]]] = []
     for p in rec.parts:
         if p.param not in idx:
             raise ValueError(f"recipe {rec.name}: no trainer parameter {p.param}")
         sp = _split(p, idx[p.param])
         if rec.quantised and len(sp) > 1 and any((q.r0 - p.r0) % 128 for q, _ in sp):
             raise ValueError(f"recipe {rec.name}: a trainer block boundary cuts a 128-row scale block of {p.param}")
-        parts.extend(sp)
+        for q, b in sp:
+            cuts = _by_shard(q, b, p.r0, rec.quantised, direct) if direct else [(q, b.mesh)]
+            parts.extend((c, b, h) for c, h in cuts)
     runs, row, srow = [], 0, 0
     cur: list[tuple[Part, TrainerBlock]] = []
     start = (0, 0)
-    for p, b in parts:
-        if cur and (cur[-1][1].group, cur[-1][1].mesh) != (b.group, b.mesh):
-            runs.append((cur, start))
+    holders: tuple[int, ...] = ()
+    for p, b, h in parts:
+        if cur and (cur[-1][1].group, cur[-1][1].mesh, holders) != (b.group, b.mesh, h):
+            runs.append((cur, holders, start))
             cur, start = [], (row, srow)
         cur.append((p, b))
+        holders = h
         row += p.rows
         if rec.quantised:
             srow += scale_shape(p.rows, p.cols)[0]
-    runs.append((cur, start))
+    runs.append((cur, holders, start))
     return runs
 
 
 def build(trainers: list[TrainerMeta], inference: list[InferenceMeta], watermark: int,
-          route_imm=None) -> Schedule:
+          route_imm=None, direct: bool = True, direct_min_bytes: int = DIRECT_MIN_BYTES) -> Schedule:
     """The schedule for these ranks. `route_imm(length, nics)` counts the immediates a
-    write brings its target (ferry.ImmPlan with the route used); default 1."""
+    write brings its target (ferry.ImmPlan with the route used); default 1. `direct`:
+    each rank writes the rows it holds where the scale blocks allow and its pieces
+    average `direct_min_bytes` (module doc); False gathers every piece on one owner of
+    its sub-mesh."""
     trainers = sorted(trainers, key=lambda t: t.rank)
     inference = sorted(inference, key=lambda m: m.rank)
     idx = _block_index(trainers)
     nics = {t.rank: max(1, t.nics) for t in trainers}
     byjob: dict[tuple, Job] = {}
+    cut: dict[Recipe, list] = {}  # replicas of a TP / EP slice share one recipe
     for inf in inference:
         for rec in inf.recipes:
             cols = rows_cols(rec.shape)[1]
             isz = ITEMSIZE[rec.dtype]
             scols = scale_shape(1, cols)[1]
-            for parts, (row0, srow0) in _pieces(rec, idx):
-                rows = sum(p.rows for p, _ in parts)
-                srows = sum(scale_shape(p.rows, p.cols)[0] for p, _ in parts) if rec.quantised else 0
-                key = (rec.name, rec.dtype, row0, tuple(p for p, _ in parts))
+            if rec not in cut:
+                cut[rec] = [(parts, holders, row0, srow0, sum(p.rows for p, _ in parts),
+                             sum(scale_shape(p.rows, p.cols)[0] for p, _ in parts) if rec.quantised else 0,
+                             tuple(p for p, _ in parts), sum(p.rows * p.cols * ITEMSIZE[b.dtype] for p, b in parts))
+                            for parts, holders, (row0, srow0) in _pieces(rec, idx, max(1, direct_min_bytes) if direct else 0)]
+            for parts, holders, row0, srow0, rows, srows, pkey, src_bytes in cut[rec]:
+                key = (rec.name, rec.dtype, row0, pkey)
                 j = byjob.get(key)
                 if j is None:
                     b0 = parts[0][1]
-                    j = Job(len(byjob), b0.group, b0.mesh, rec.name, rec.dtype, tuple(parts),
-                            sum(p.rows * p.cols * ITEMSIZE[b.dtype] for p, b in parts),
-                            rows * cols * isz, srows * scols * 4)
+                    j = Job(len(byjob), b0.group, b0.mesh, rec.name, rec.dtype, tuple(parts), src_bytes,
+                            rows * cols * isz, srows * scols * 4, holders=holders)
                     byjob[key] = j
                 j.writes.append(Write(inf.rank, rec.name, row0 * cols * isz, 0, j.weight_bytes))
                 if rec.quantised:
@@ -220,7 +261,7 @@ def build(trainers: list[TrainerMeta], inference: list[InferenceMeta], watermark
         mj = bymesh[key]
         load = {r: 0 for r in key[1]}
         for j in sorted(mj, key=lambda j: (-j.sent_bytes, j.id)):
-            j.owner = min(key[1], key=lambda r: (load[r] / nics[r], r))
+            j.owner = min(j.holders, key=lambda r: (load[r] / nics[r], r))
             load[j.owner] += j.sent_bytes
             # spread the inference NICs: each job starts at another target
             j.writes.sort(key=lambda w: ((w.rank - j.id) % max(1, len(inference)), w.tensor))
@@ -273,7 +314,7 @@ def _split_wide(jobs: list[Job]) -> list[Job]:
     for j in jobs:
         share = total[(j.group, j.mesh)] / len(j.mesh)
         ranks = sorted({w.rank for w in j.writes})
-        k = min(len(ranks), len(j.mesh), int(-(-j.sent_bytes // max(1, int(share)))))
+        k = min(len(ranks), len(j.holders), int(-(-j.sent_bytes // max(1, int(share)))))
         if k <= 1:
             j.id = len(out)
             out.append(j)
@@ -281,7 +322,7 @@ def _split_wide(jobs: list[Job]) -> list[Job]:
         for c in range(k):
             mine = set(ranks[c::k])
             n = Job(len(out), j.group, j.mesh, j.recipe, j.dtype, j.parts, j.src_bytes,
-                    j.weight_bytes, j.scale_bytes, [w for w in j.writes if w.rank in mine])
+                    j.weight_bytes, j.scale_bytes, [w for w in j.writes if w.rank in mine], holders=j.holders)
             out.append(n)
     return out
 
@@ -298,6 +339,7 @@ def check(s: Schedule, inference: list[InferenceMeta]) -> None:
     spans: dict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
     for j in s.jobs:
         assert j.owner in j.mesh, f"job {j.id} owner {j.owner} outside its mesh {j.mesh}"
+        assert j.owner in j.holders, f"job {j.id} owner {j.owner} not among its holders {j.holders}"
         assert 0 <= j.pool_offset and j.pool_offset + j.footprint <= s.watermark
         for w in j.writes:
             spans[(w.rank, w.tensor)].append((w.dst_offset, w.dst_offset + w.length))

@@ -80,7 +80,7 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
 
             snd = WeightSender(eng, ex, rank=idx, blocks=blocks, trainer_ranks=range(T),
                                inference_ranks=range(T, T + I), watermark=case["watermark"],
-                               after_post=after_post)
+                               after_post=after_post, **case.get("sender", {}))
             try:
                 sched = snd.setup(case["timeout"])
             except ferry.FerryError as err:
@@ -103,9 +103,10 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
                 except ferry.FerryError as err:
                     results.put(("trainer", idx, "error", type(err).__name__, str(err), time.monotonic() - t0))
                     return
+            direct = sum(len(j.holders) == 1 and len(j.mesh) > 1 for j in sched.jobs)
             results.put(("trainer", idx, "ok", [(s.wall_s, s.stages, s.peak_temp_bytes, s.jobs, s.writes,
                                                  len(s.events)) for s in stats],
-                         (sched.digest(), len(sched.jobs))))
+                         (sched.digest(), len(sched.jobs), direct)))
         else:
             recipes = M.inference_recipes(cfg, il, idx)
             tensors = {n: np.zeros(shape, dtype=np_dtype(dt)) for n, shape, dt in M.tensor_specs(recipes)}

@@ -54,12 +54,25 @@ CASE = dict(provider="tcp", model="tiny-qwen3-moe", trainer=dict(pp=1, ep=2, fsd
             inference=dict(instances=1, ep=2, tp=2), watermark=512 << 10, steps=2, timeout=60.0)
 
 
-def test_two_trainers_two_inference_bit_exact(tmp_path):
-    out, procs = run_ranks(dict(CASE, trace_dir=str(tmp_path)))
+# default: the tiny model's pieces are mostly under DIRECT_MIN_BYTES, so most of the
+# dense mesh's jobs are gathered; "direct": FSDP over both trainers and every cut allowed, so each rank
+# writes its own rows; "gather": the seed's way, every piece on one owner
+MODES = {"default": {}, "direct": dict(trainer=dict(pp=1, ep=1, fsdp=2), sender=dict(direct_min_bytes=1)),
+         "gather": dict(sender=dict(direct=False))}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_two_trainers_two_inference_bit_exact(tmp_path, mode):
+    out, procs = run_ranks(dict(CASE, trace_dir=str(tmp_path), **MODES[mode]))
     inf = sorted((r for r in out if r[0] == "inference"), key=lambda r: r[1])
     tr = sorted((r for r in out if r[0] == "trainer"), key=lambda r: r[1])
     assert [r[2] for r in tr] == ["ok", "ok"], tr
     assert len({r[4][0] for r in tr} | {r[4] for r in inf}) == 1  # one schedule everywhere
+    direct_jobs = tr[0][4][2]  # jobs that one rank of a larger sub-mesh writes from its own rows
+    assert direct_jobs > 0 if mode == "direct" else True, direct_jobs
+    assert direct_jobs == 0 if mode == "gather" else True, direct_jobs
+    if mode != "direct":
+        assert any(st["gather"] > 0 for r in tr for _, st, *_ in r[3])
     for r in inf:
         report = r[3]
         assert [x[0] for x in report] == [0, 1]
@@ -70,6 +83,8 @@ def test_two_trainers_two_inference_bit_exact(tmp_path):
         assert any("w13_weight" in n for n in names) and any("gate_up_proj" in n for n in names)
     for r in tr:
         for wall, stages, peak, jobs, writes, nev in r[3]:
+            if mode == "direct":  # nothing sent to another trainer
+                assert stages["send"] == 0, stages
             assert 0 < peak <= CASE["watermark"]
             assert jobs > 0 and writes >= jobs and nev > 0
     assert all(p.exitcode == 0 for p in procs)

@@ -22,7 +22,18 @@ def metas(cfg, tl, il, nics=1):
     return tm, im
 
 
-def assert_properties(s: S.Schedule, tm, im, tl):
+def gathered_bytes(s: S.Schedule) -> int:
+    """Bytes of trainer rows that owners receive from other ranks (zero for direct jobs)."""
+    n = 0
+    for j in s.jobs:
+        for p, b in j.parts:
+            oa, ob = b.shard_rows(j.owner)
+            held = max(0, min(ob, p.r1 - b.row0) - max(oa, p.r0 - b.row0))
+            n += (p.rows - held) * p.cols * (b.row_bytes // b.cols)
+    return n
+
+
+def assert_properties(s: S.Schedule, tm, im, tl, direct=False):
     S.check(s, im)
     # MeshGroups in order for every rank, each job in exactly one sequence
     seen = []
@@ -34,8 +45,20 @@ def assert_properties(s: S.Schedule, tm, im, tl):
     for key, ids in s.order.items():
         seen.extend(ids)
     assert sorted(seen) == list(range(len(s.jobs)))
+    # a direct job's one holder owns it and holds every row of it
+    for j in s.jobs:
+        if len(j.holders) == 1:
+            assert j.owner == j.holders[0]
+            for p, b in j.parts:
+                a, e = b.shard_rows(j.owner)
+                assert a <= p.r0 - b.row0 and p.r1 - b.row0 <= e, f"job {j.id}: rows outside its owner's shard"
+        else:
+            assert set(j.holders) == set(j.mesh)
     # balance: longest-job-first keeps each rank within one job of the mesh's mean
+    # (gathered jobs only: a direct job goes where its rows are)
     for (g, mesh), ids in s.order.items():
+        if direct:
+            continue
         load = {r: 0 for r in mesh}
         for i in ids:
             load[s.jobs[i].owner] += s.jobs[i].sent_bytes
@@ -84,20 +107,60 @@ def test_random_layouts(seed):
     if cfg.layers < tl.pp:
         tl = replace(tl, pp=1)
     tm, im = metas(cfg, tl, il, nics)
+    g = S.build(tm, im, watermark=4 << 20, direct=False)
+    assert_properties(g, tm, im, tl)
     s = S.build(tm, im, watermark=4 << 20)
-    assert_properties(s, tm, im, tl)
+    assert_properties(s, tm, im, tl, direct=True)
+    assert gathered_bytes(s) <= gathered_bytes(g)
     # deterministic, also when the metadata arrives in another order
     rnd = random.Random(seed)
     tm2, im2 = tm[:], im[:]
     rnd.shuffle(tm2)
     rnd.shuffle(im2)
     assert S.build(tm2, im2, watermark=4 << 20).digest() == s.digest()
+    assert S.build(tm2, im2, watermark=4 << 20, direct=False).digest() == g.digest()
+
+
+def test_direct_writes_gather_only_where_a_shard_cuts_a_scale_block():
+    """FSDP2 over 2 ranks of a model whose dim-0 chunks are 128-row multiples: nothing is
+    gathered; every rank writes its own rows. A 3-way split of a 128-row-block weight
+    (chunks of 43 rows) gathers only the quantised parts it cuts."""
+    tl, il = M.TrainerLayout(fsdp=2), M.InferenceLayout(ep=2, tp=2)
+    tm, im = metas(M.TINY_QWEN3, tl, il)
+    s = S.build(tm, im, watermark=4 << 20, direct_min_bytes=1)
+    assert_properties(s, tm, im, tl, direct=True)
+    assert gathered_bytes(s) == 0
+    assert all(len(j.holders) == 1 for j in s.jobs if j.scale_bytes)
+    g = S.build(tm, im, watermark=4 << 20, direct=False)
+    assert gathered_bytes(g) > 0
+    assert sum(j.sent_bytes for j in s.jobs) == sum(j.sent_bytes for j in g.jobs)
+    tl3 = M.TrainerLayout(fsdp=3)
+    tm3, im3 = metas(M.TINY_QWEN3, tl3, il)
+    s3 = S.build(tm3, im3, watermark=4 << 20, direct_min_bytes=1)
+    assert_properties(s3, tm3, im3, tl3, direct=True)
+    for j in s3.jobs:
+        if len(j.holders) > 1 and all(b.rows > 1 for _, b in j.parts):
+            assert j.scale_bytes, f"{j.recipe}: a bf16 job gathered although any cut is allowed"
 
 
 def test_watermark_smaller_than_a_job_is_refused():
     tm, im = metas(M.TINY_QWEN3, M.TrainerLayout(ep=2), M.InferenceLayout(ep=2, tp=2))
     with pytest.raises(ValueError, match="watermark"):
         S.build(tm, im, watermark=64 << 10)
+
+
+def test_small_pieces_are_gathered_not_cut():
+    """Cutting a norm vector over 128 dense ranks would write each of its 128 pieces to
+    every replica: pieces under direct_min_bytes stay whole and are gathered, so the
+    direct schedule posts few more work requests than the gathered one."""
+    tl, il = M.TrainerLayout(fsdp=2), M.InferenceLayout(ep=2, tp=2)
+    tm, im = metas(M.TINY_QWEN3, tl, il)
+    s = S.build(tm, im, watermark=4 << 20)  # the default threshold
+    for j in s.jobs:
+        if len(j.holders) == 1 and len(j.mesh) > 1:
+            assert j.src_bytes >= S.DIRECT_MIN_BYTES // 2, (j.recipe, j.src_bytes)
+    norms = [j for j in s.jobs if j.recipe.endswith("norm.weight")]
+    assert norms and all(len(j.holders) == 2 for j in norms)
 
 
 def test_kimi_k2_256_to_128():
@@ -107,6 +170,9 @@ def test_kimi_k2_256_to_128():
     tm, im = metas(M.KIMI_K2, tl, il)
     s = S.build(tm, im, watermark=4 << 30)
     S.check(s, im)
+    g = S.build(tm, im, watermark=4 << 30, direct=False)
+    assert gathered_bytes(s) < 0.1 * gathered_bytes(g)  # the experts are written where they are
+    assert max(s.writes_of(r) for r in range(tl.world)) < 1.3 * max(g.writes_of(r) for r in range(tl.world))
     sent = [s.sent_bytes(r) for r in range(tl.world)]
     assert max(sent) <= 1.05 * sum(sent) / len(sent)  # within 5% of perfect balance
     recv = [s.received_bytes(r) for r in range(il.world)]
