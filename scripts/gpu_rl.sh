@@ -21,16 +21,32 @@ rc=0
 # RL_RUNS: configurations of the bench, each into $OUT/<name>: offload (the shards in
 # pinned host memory, FSDP2's CPU offload), resident (in GPU memory), and either with
 # -gather (every job gathered on one owner, the seed's full_tensor way) for the A/B.
+# A "-mps" suffix runs that configuration under MPS (the four processes' kernels share
+# the GPU instead of taking turns as separate contexts).
 for run in ${RL_RUNS:-offload}; do
-  case $run in
+  mps=""
+  case $run in *-mps) mps=1 ;; esac
+  case ${run%-mps} in
     offload) args="" ;; offload-gather) args="--gather" ;;
     resident) args="--resident" ;; resident-gather) args="--resident --gather" ;;
     *) echo "unknown RL_RUNS entry $run" >&2; rc=1; continue ;;
   esac
   mkdir -p "$OUT/$run"
   echo "== $run: gpu_bench $args" | tee -a "$OUT/gpu-bench.txt"
-  timeout ${RL_BENCH_S:-230} "$PY" -m ferry.rl.gpu_bench --out "$OUT/$run" --steps 3 --deadline 210 \
-    --watermark-mb ${RL_WATERMARK_MB:-512} $args ${RL_BENCH_ARGS:-} 2>&1 | tail -c 20000 | tee -a "$OUT/gpu-bench.txt" || rc=1
+  if [ -n "$mps" ]; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+    nvidia-cuda-mps-control -d || { echo "$run: MPS did not start" | tee -a "$OUT/gpu-bench.txt"; rc=1; continue; }
+  fi
+  # the bench kills its rank processes at --deadline, before timeout(1) kills it (its
+  # children would hold the pipe open)
+  timeout ${RL_BENCH_S:-230} "$PY" -m ferry.rl.gpu_bench --out "$OUT/$run" --steps 3 --deadline $(( ${RL_BENCH_S:-230} - 20 )) \
+    --watermark-mb ${RL_WATERMARK_MB:-512} $args ${RL_BENCH_ARGS:-} > "$OUT/$run/bench.log" 2>&1 || rc=1
+  tail -c 20000 "$OUT/$run/bench.log" | tee -a "$OUT/gpu-bench.txt"
+  if [ -n "$mps" ]; then
+    echo quit | timeout 20 nvidia-cuda-mps-control
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
 done
 first=$OUT/$(set -- ${RL_RUNS:-offload}; echo "$1")
 if [ -z "${RL_SKIP_PYTEST:-}" ]; then

@@ -87,6 +87,8 @@ class TorchExchange:
         import torch
 
         t = array.contiguous().view(-1).view(torch.uint8)  # gloo moves bytes of any dtype
+        if t.device.type != "cpu":  # ...of host memory: a GPU-resident shard goes through it
+            t = t.cpu()
         self._pending.append((self._dist.isend(t, dst, group=self.group, tag=tag), t))
 
     def recv(self, src, tag, out, timeout):

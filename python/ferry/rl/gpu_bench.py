@@ -273,6 +273,10 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
         result["error"] = traceback.format_exc()
     with open(os.path.join(out_dir, f"rl-rank{rank}.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
+    # After a failure the engine and the process group may still hold threads that
+    # the interpreter's exit would wait for; the result is on disk, so leave now.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def _baseline_key(backend: str) -> str:

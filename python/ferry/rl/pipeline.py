@@ -27,7 +27,7 @@ import numpy as np
 import ferry
 
 from . import schedule as S
-from .meta import InferenceMeta, InferenceTensor, Recipe, TrainerBlock, TrainerMeta
+from .meta import InferenceMeta, InferenceTensor, Part, Recipe, TrainerBlock, TrainerMeta
 from .quant import ITEMSIZE, np_dtype, quantize_np, quantize_torch, scale_shape
 
 IMM_DATA = 0x524C0000  # + step % 8
@@ -365,7 +365,12 @@ class WeightSender:
                         srows = j.scale_bytes // (4 * scols)
                         sv = be.view(self.pool, j.pool_offset + j.out_offset + S._align(j.weight_bytes), (srows, scols), "float32")
                     r = sr = 0
-                    for v, (p, _) in zip(views, j.parts):
+                    if _one_pass(j):  # the parts lie back to back and no block spans two
+                        views = [be.view(self.pool, j.pool_offset, (rows, cols), j.parts[0][1].dtype)]
+                        parts = [(Part("", 0, rows, 0, cols), None)]
+                    else:
+                        parts = j.parts
+                    for v, (p, _) in zip(views, parts):
                         if j.scale_bytes:
                             n = scale_shape(p.rows, p.cols)[0]
                             be.quantize(v, out[r:r + p.rows], sv[sr:sr + n])
@@ -465,6 +470,15 @@ class WeightReceiver:
         a = self._abort[slot]
         while a.try_consume(1):
             pass
+
+
+def _one_pass(j: S.Job) -> bool:
+    """Whether a job's parts can be converted as one tensor: they are gathered back to
+    back in one dtype, and every part but the last is whole 128-row blocks, so the
+    blocks (and scale rows) of the whole are those of the parts (an expert's gate and
+    up projections; not a 576-row MLA projection followed by another)."""
+    return (len(j.parts) > 1 and len({b.dtype for _, b in j.parts}) == 1
+            and all(p.rows % 128 == 0 for p, _ in j.parts[:-1]))
 
 
 def _holds(b: TrainerBlock, rank: int, a: int, e: int) -> bool:

@@ -130,3 +130,22 @@ def test_trainer_dying_mid_step_is_a_typed_error_and_marks_weights_stale():
         assert last[4] < case["timeout"]
     assert time.monotonic() - t0 < case["timeout"] + 60
     assert procs[1].exitcode == 17
+
+
+def test_a_job_is_converted_in_one_pass_only_where_no_block_spans_two_parts():
+    from ferry.rl import model as M
+    from ferry.rl import schedule as S
+    from ferry.rl.meta import InferenceMeta, TrainerMeta
+    from ferry.rl.pipeline import _one_pass
+
+    def jobs(cfg):
+        tl, il = M.TrainerLayout(fsdp=2), M.InferenceLayout(ep=2, tp=2)
+        blocks = M.trainer_blocks(cfg, tl)
+        tm = [TrainerMeta(r, 1, tuple(b for b in blocks if r in b.mesh)) for r in range(2)]
+        im = [InferenceMeta(r, tuple(M.inference_recipes(cfg, il, r))) for r in range(il.world)]
+        return S.build(tm, im, 4 << 20, direct_min_bytes=1).jobs
+
+    w13 = [j for j in jobs(M.TINY_QWEN3) if j.recipe.endswith("w13_weight")]
+    assert w13 and all(_one_pass(j) for j in w13)  # gate and up of each expert, 128 rows each
+    ragged = [j for j in jobs(M.TINY_DSV3) if len(j.parts) > 1 and any(p.rows % 128 for p, _ in j.parts[:-1])]
+    assert ragged and not any(_one_pass(j) for j in ragged)  # MLA's 576-row kv_a part
