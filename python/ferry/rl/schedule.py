@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -35,7 +35,8 @@ from .model import GROUP_ORDER
 from .quant import ITEMSIZE, scale_shape
 
 ALIGN = 256
-DIRECT_MIN_BYTES = 256 << 10  # a piece smaller than this is gathered rather than cut (_by_shard)
+DIRECT_MIN_BYTES = 256 << 10  # a piece smaller than this is gathered rather than cut (_by_shard)...
+DIRECT_FREE_WRS = 16  # ...unless the cut adds at most this many work requests
 
 
 def _align(n: int) -> int:
@@ -164,13 +165,15 @@ def _split(part: Part, blocks: list[TrainerBlock]) -> list[tuple[Part, TrainerBl
     raise ValueError(f"no trainer block holds rows [{r}, {part.r1}) of {part.param}")
 
 
-def _by_shard(p: Part, b: TrainerBlock, r0: int, quantised: bool, min_bytes: int) -> list[tuple[Part, tuple[int, ...]]]:
+def _by_shard(p: Part, b: TrainerBlock, r0: int, quantised: bool, min_bytes: int,
+              replicas: int) -> list[tuple[Part, tuple[int, ...]]]:
     """`p` (rows of block `b`) cut where the block's shards meet: (piece, the rank holding
     it). Uncut, with the whole mesh as holders, when the block is replicated, when a cut
     would split a 128-row scale block (counted from `r0`, where the recipe part starts),
-    or when the pieces would be under `min_bytes` on average: every piece is written to
-    every replica, so cutting a norm vector 128 ways multiplies its work requests by 128
-    to save a gather of a few kilobytes."""
+    or when the pieces would be under `min_bytes` on average and the cut would add more
+    than DIRECT_FREE_WRS work requests: every piece is written to each of the `replicas`
+    taking it, so cutting a norm vector 128 ways for 128 replicas adds 16 000 work
+    requests to save a gather of a few kilobytes, while cutting it 2 ways for 2 adds 2."""
     if b.placements == ("Replicate()",) or len(b.mesh) == 1:
         return [(p, b.mesh)]
     span = -(-b.shape[0] // len(b.mesh)) * (b.rows // b.shape[0])  # rows per shard
@@ -180,12 +183,13 @@ def _by_shard(p: Part, b: TrainerBlock, r0: int, quantised: bool, min_bytes: int
         out.append((Part(p.param, a, e, p.c0, p.c1), (b.mesh[i],)))
     if quantised and any((q.r0 - r0) % 128 for q, _ in out):
         return [(p, b.mesh)]
-    if len(out) > 1 and p.rows * p.cols * ITEMSIZE[b.dtype] < min_bytes * len(out):
+    extra = (len(out) - 1) * replicas * (2 if quantised else 1)
+    if extra > DIRECT_FREE_WRS and p.rows * p.cols * ITEMSIZE[b.dtype] < min_bytes * len(out):
         return [(p, b.mesh)]
     return out
 
 
-def _pieces(rec: Recipe, idx: dict[str, list[TrainerBlock]], direct: int):
+def _pieces(rec: Recipe, idx: dict[str, list[TrainerBlock]], direct: int, replicas: int = 1):
     """Cut a recipe into runs of parts with the same holders (one sub-mesh, or with
     `direct` one rank of it): (parts, holders, weight row0, scale row0)."""
     parts: list[tuple[Part, TrainerBlock, tuple[int, ...]]] = []
@@ -196,7 +200,7 @@ def _pieces(rec: Recipe, idx: dict[str, list[TrainerBlock]], direct: int):
         if rec.quantised and len(sp) > 1 and any((q.r0 - p.r0) % 128 for q, _ in sp):
             raise ValueError(f"recipe {rec.name}: a trainer block boundary cuts a 128-row scale block of {p.param}")
         for q, b in sp:
-            cuts = _by_shard(q, b, p.r0, rec.quantised, direct) if direct else [(q, b.mesh)]
+            cuts = _by_shard(q, b, p.r0, rec.quantised, direct, replicas) if direct else [(q, b.mesh)]
             parts.extend((c, b, h) for c, h in cuts)
     runs, row, srow = [], 0, 0
     cur: list[tuple[Part, TrainerBlock]] = []
@@ -228,6 +232,7 @@ def build(trainers: list[TrainerMeta], inference: list[InferenceMeta], watermark
     nics = {t.rank: max(1, t.nics) for t in trainers}
     byjob: dict[tuple, Job] = {}
     cut: dict[Recipe, list] = {}  # replicas of a TP / EP slice share one recipe
+    replicas = Counter(rec for inf in inference for rec in inf.recipes)
     for inf in inference:
         for rec in inf.recipes:
             cols = rows_cols(rec.shape)[1]
@@ -237,7 +242,8 @@ def build(trainers: list[TrainerMeta], inference: list[InferenceMeta], watermark
                 cut[rec] = [(parts, holders, row0, srow0, sum(p.rows for p, _ in parts),
                              sum(scale_shape(p.rows, p.cols)[0] for p, _ in parts) if rec.quantised else 0,
                              tuple(p for p, _ in parts), sum(p.rows * p.cols * ITEMSIZE[b.dtype] for p, b in parts))
-                            for parts, holders, (row0, srow0) in _pieces(rec, idx, max(1, direct_min_bytes) if direct else 0)]
+                            for parts, holders, (row0, srow0) in
+                            _pieces(rec, idx, max(1, direct_min_bytes) if direct else 0, replicas[rec])]
             for parts, holders, row0, srow0, rows, srows, pkey, src_bytes in cut[rec]:
                 key = (rec.name, rec.dtype, row0, pkey)
                 j = byjob.get(key)

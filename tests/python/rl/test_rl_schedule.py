@@ -149,18 +149,24 @@ def test_watermark_smaller_than_a_job_is_refused():
         S.build(tm, im, watermark=64 << 10)
 
 
-def test_small_pieces_are_gathered_not_cut():
+def test_small_pieces_are_gathered_unless_cutting_them_adds_few_writes():
     """Cutting a norm vector over 128 dense ranks would write each of its 128 pieces to
-    every replica: pieces under direct_min_bytes stay whole and are gathered, so the
-    direct schedule posts few more work requests than the gathered one."""
-    tl, il = M.TrainerLayout(fsdp=2), M.InferenceLayout(ep=2, tp=2)
+    every replica: a cut into pieces under direct_min_bytes that adds more than
+    DIRECT_FREE_WRS work requests is not made (the piece is gathered); one that adds a
+    handful is (2 trainers, 2 replicas: 2 more writes, no gather)."""
+    tl = M.TrainerLayout(fsdp=3)
+    il = M.InferenceLayout(instances=3, ep=4, tp=2)  # 12 replicas of each norm
     tm, im = metas(M.TINY_QWEN3, tl, il)
-    s = S.build(tm, im, watermark=4 << 20)  # the default threshold
-    for j in s.jobs:
-        if len(j.holders) == 1 and len(j.mesh) > 1:
-            assert j.src_bytes >= S.DIRECT_MIN_BYTES // 2, (j.recipe, j.src_bytes)
+    s = S.build(tm, im, watermark=4 << 20)
+    assert_properties(s, tm, im, tl, direct=True)
     norms = [j for j in s.jobs if j.recipe.endswith("norm.weight")]
-    assert norms and all(len(j.holders) == 2 for j in norms)
+    assert norms and all(len(j.holders) == 3 for j in norms)  # (3 - 1) x 12 = 24 more: gathered
+    tl2, il2 = M.TrainerLayout(fsdp=2), M.InferenceLayout(ep=2, tp=2)
+    tm2, im2 = metas(M.TINY_QWEN3, tl2, il2)
+    s2 = S.build(tm2, im2, watermark=4 << 20)
+    norms2 = [j for j in s2.jobs if j.recipe.endswith("norm.weight")]
+    assert norms2 and all(len(j.holders) == 1 for j in norms2)  # (2 - 1) x 2 = 2 more: cut
+    assert gathered_bytes(s2) == 0
 
 
 def test_kimi_k2_256_to_128():
