@@ -192,11 +192,23 @@ def page_sums(pages, page_ids):
 
 # ---------------------------------------------------------------------- prefill process
 
+def _leave(res_q) -> None:
+    """End a rank process once its last answer is sent: the interpreter's own exit (the
+    engine's objects, CUDA's IPC mappings of the peer) once held a finished run for
+    minutes, until the run's time limit."""
+    res_q.close()
+    res_q.join_thread()  # the answer is in the pipe
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def prefill_main(args, cmd_q, res_q) -> None:
     try:
         _prefill(args, cmd_q, res_q)
     except Exception:  # noqa: BLE001
         res_q.put(("error", traceback.format_exc()))
+    _leave(res_q)
 
 
 def _prefill(args, cmd_q, res_q) -> None:
@@ -346,6 +358,7 @@ def decode_main(args, prefill_addr, cmd_q, res_q) -> None:
         _decode(args, prefill_addr, cmd_q, res_q)
     except Exception:  # noqa: BLE001
         res_q.put(("error", traceback.format_exc()))
+    _leave(res_q)
 
 
 def _decode(args, prefill_addr, cmd_q, res_q) -> None:
