@@ -3,8 +3,8 @@
 Trainer rank, for each MeshGroup in order, for each job of its sub-mesh in the
 schedule's order: a rank that holds rows of a gathered job's parameters sends them to
 the job's owner (a direct job's owner holds every row itself; stage 1, H2D where the
-shards are offloaded, happens on the owner); the owner waits until the ring memory the job reuses is free (the
-watermark), gathers the rows into its registered staging memory (stage 2,
+shards are offloaded, happens on the owner); the owner waits until the ring memory the
+job reuses is free (the watermark), gathers the rows into its registered staging memory (stage 2,
 ``full_tensor`` restricted to the rows this job needs), fuses and quantises into the
 destination layout, and posts one prepared scatter: every write of the job, weights
 and scales, to every inference rank that takes them, with the step's immediate
@@ -336,65 +336,9 @@ class WeightSender:
                 st.peak_temp_bytes = max(st.peak_temp_bytes, live)
                 t1 = time.perf_counter()
                 st.add("wait_memory", j.recipe, t0, t1, base)
-                # gather: this rank's rows copied, the others' received
-                views, off = [], j.pool_offset
-                for p, b in j.parts:
-                    views.append(be.view(self.pool, off, (p.rows, p.cols), b.dtype))
-                    off += p.rows * p.cols * ITEMSIZE[b.dtype]
-                dsts, srcs = [], []
-                for pi, a, e, piece in self._pieces(j, shards):
-                    dsts.append(views[pi][a:e])
-                    srcs.append(piece)
-                be.copy_many(dsts, srcs)
-                crossed = any(be.crosses(x) for x in srcs)
-                if crossed:  # this rank's own offloaded rows: stage 1
-                    be.sync()
-                    th = time.perf_counter()
-                    st.add("h2d", j.recipe, t1, th, base)
-                    t1 = th
-                uploads = []
-                for pi, (p, b) in enumerate(j.parts):
-                    for k in b.mesh:
-                        if k == me:
-                            continue
-                        sa, sb = b.shard_rows(k)
-                        a, e = max(sa, p.r0 - b.row0), min(sb, p.r1 - b.row0)
-                        if a >= e or _holds(b, me, a, e):
-                            continue
-                        dst = views[pi][a + b.row0 - p.r0:e + b.row0 - p.r0]
-                        host = be.recv_buffer(dst)
-                        self.ex.recv(self.trainer_ranks[k], _tag(step, jid, pi), host, left())
-                        uploads.append((host, dst))
-                t2 = time.perf_counter()
-                if uploads or not crossed:
-                    st.add("gather", j.recipe, t1, t2, base)
-                for host, dst in uploads:
-                    be.upload(host, dst)
-                t3 = time.perf_counter()
-                if uploads:
-                    st.add("h2d", j.recipe, t2, t3, base)
+                views, t3 = self._gather(j, shards, step, st, t1, base, left)
                 if not j.passthrough:
-                    cols = j.parts[0][0].cols
-                    rows = sum(p.rows for p, _ in j.parts)
-                    out = be.view(self.pool, j.pool_offset + j.out_offset, (rows, cols), j.dtype)
-                    if j.scale_bytes:
-                        scols = scale_shape(1, cols)[1]
-                        srows = j.scale_bytes // (4 * scols)
-                        sv = be.view(self.pool, j.pool_offset + j.out_offset + S._align(j.weight_bytes), (srows, scols), "float32")
-                    r = sr = 0
-                    if _one_pass(j):  # the parts lie back to back and no block spans two
-                        views = [be.view(self.pool, j.pool_offset, (rows, cols), j.parts[0][1].dtype)]
-                        parts = [(Part("", 0, rows, 0, cols), None)]
-                    else:
-                        parts = j.parts
-                    for v, (p, _) in zip(views, parts):
-                        if j.scale_bytes:
-                            n = scale_shape(p.rows, p.cols)[0]
-                            be.quantize(v, out[r:r + p.rows], sv[sr:sr + n])
-                            sr += n
-                        else:
-                            be.copy(out[r:r + p.rows], v)
-                        r += p.rows
+                    self._convert(j, views)
                 be.sync()
                 t4 = time.perf_counter()
                 st.add("prepare", j.recipe, t3, t4, base)
@@ -417,6 +361,73 @@ class WeightSender:
         st.wall_s = time.perf_counter() - base
         self._trace(st, base_ns)
         return st
+
+    def _gather(self, j: S.Job, shards, step: int, st: StepStats, t1: float, base: float, left):
+        """The job's rows into its ring memory: this rank's own (one copy call; stage 1
+        when they are offloaded), then the other ranks' (gathered jobs). Returns the
+        parts' views there and the time it ended."""
+        be, me = self.backend, self.rank
+        views, off = [], j.pool_offset
+        for p, b in j.parts:
+            views.append(be.view(self.pool, off, (p.rows, p.cols), b.dtype))
+            off += p.rows * p.cols * ITEMSIZE[b.dtype]
+        dsts, srcs = [], []
+        for pi, a, e, piece in self._pieces(j, shards):
+            dsts.append(views[pi][a:e])
+            srcs.append(piece)
+        be.copy_many(dsts, srcs)
+        crossed = any(be.crosses(x) for x in srcs)
+        if crossed:  # this rank's own offloaded rows: stage 1
+            be.sync()
+            th = time.perf_counter()
+            st.add("h2d", j.recipe, t1, th, base)
+            t1 = th
+        uploads = []
+        for pi, (p, b) in enumerate(j.parts):
+            for k in b.mesh:
+                if k == me:
+                    continue
+                sa, sb = b.shard_rows(k)
+                a, e = max(sa, p.r0 - b.row0), min(sb, p.r1 - b.row0)
+                if a >= e or _holds(b, me, a, e):
+                    continue
+                dst = views[pi][a + b.row0 - p.r0:e + b.row0 - p.r0]
+                host = be.recv_buffer(dst)
+                self.ex.recv(self.trainer_ranks[k], _tag(step, j.id, pi), host, left())
+                uploads.append((host, dst))
+        t2 = time.perf_counter()
+        if uploads or not crossed:
+            st.add("gather", j.recipe, t1, t2, base)
+        for host, dst in uploads:
+            be.upload(host, dst)
+        t3 = time.perf_counter()
+        if uploads:
+            st.add("h2d", j.recipe, t2, t3, base)
+        return views, t3
+
+    def _convert(self, j: S.Job, views) -> None:
+        """Fusion and quantisation of the gathered parts into the job's output."""
+        be = self.backend
+        cols = j.parts[0][0].cols
+        rows = sum(p.rows for p, _ in j.parts)
+        out = be.view(self.pool, j.pool_offset + j.out_offset, (rows, cols), j.dtype)
+        if j.scale_bytes:
+            scols = scale_shape(1, cols)[1]
+            srows = j.scale_bytes // (4 * scols)
+            sv = be.view(self.pool, j.pool_offset + j.out_offset + S._align(j.weight_bytes), (srows, scols), "float32")
+        parts = j.parts
+        if _one_pass(j):  # the parts lie back to back and no block spans two
+            views = [be.view(self.pool, j.pool_offset, (rows, cols), j.parts[0][1].dtype)]
+            parts = [(Part("", 0, rows, 0, cols), None)]
+        r = sr = 0
+        for v, (p, _) in zip(views, parts):
+            if j.scale_bytes:
+                n = scale_shape(p.rows, p.cols)[0]
+                be.quantize(v, out[r:r + p.rows], sv[sr:sr + n])
+                sr += n
+            else:
+                be.copy(out[r:r + p.rows], v)
+            r += p.rows
 
     def _trace(self, st: StepStats, base_ns: int) -> None:
         """The step's stages into the engine's own trace (FERRY_TRACE / trace=), one track
