@@ -10,7 +10,8 @@ metadata, broadcast, then replayed every step.
   without cutting a 128-row scale block, the part is also cut there, so each piece
   is held whole by one rank, which becomes its owner: it fuses, quantises and writes
   its own rows and nothing is gathered. Where a cut would split a scale block (a
-  quantised part whose shard boundary is not 128-aligned), the piece is gathered by
+  quantised part whose shard boundary is not 128-aligned), or would multiply the
+  writes of small pieces (DIRECT_MIN_BYTES, DIRECT_FREE_WRS), the piece is gathered by
   one owner from the ranks holding its rows, as the seed's ``full_tensor()`` does.
 * The owner of a job is one of the ranks that may own it (its holders: the one rank
   holding a direct piece, every rank of the sub-mesh for a gathered one), chosen
@@ -189,9 +190,10 @@ def _by_shard(p: Part, b: TrainerBlock, r0: int, quantised: bool, min_bytes: int
     return out
 
 
-def _pieces(rec: Recipe, idx: dict[str, list[TrainerBlock]], direct: int, replicas: int = 1):
-    """Cut a recipe into runs of parts with the same holders (one sub-mesh, or with
-    `direct` one rank of it): (parts, holders, weight row0, scale row0)."""
+def _pieces(rec: Recipe, idx: dict[str, list[TrainerBlock]], direct_min: Optional[int], replicas: int = 1):
+    """Cut a recipe into runs of parts with the same holders (one sub-mesh, or, cut by
+    shard unless `direct_min` is None, one rank of it): (parts, holders, weight row0,
+    scale row0)."""
     parts: list[tuple[Part, TrainerBlock, tuple[int, ...]]] = []
     for p in rec.parts:
         if p.param not in idx:
@@ -200,7 +202,7 @@ def _pieces(rec: Recipe, idx: dict[str, list[TrainerBlock]], direct: int, replic
         if rec.quantised and len(sp) > 1 and any((q.r0 - p.r0) % 128 for q, _ in sp):
             raise ValueError(f"recipe {rec.name}: a trainer block boundary cuts a 128-row scale block of {p.param}")
         for q, b in sp:
-            cuts = _by_shard(q, b, p.r0, rec.quantised, direct, replicas) if direct else [(q, b.mesh)]
+            cuts = [(q, b.mesh)] if direct_min is None else _by_shard(q, b, p.r0, rec.quantised, direct_min, replicas)
             parts.extend((c, b, h) for c, h in cuts)
     runs, row, srow = [], 0, 0
     cur: list[tuple[Part, TrainerBlock]] = []
@@ -243,7 +245,7 @@ def build(trainers: list[TrainerMeta], inference: list[InferenceMeta], watermark
                              sum(scale_shape(p.rows, p.cols)[0] for p, _ in parts) if rec.quantised else 0,
                              tuple(p for p, _ in parts), sum(p.rows * p.cols * ITEMSIZE[b.dtype] for p, b in parts))
                             for parts, holders, (row0, srow0) in
-                            _pieces(rec, idx, max(1, direct_min_bytes) if direct else 0, replicas[rec])]
+                            _pieces(rec, idx, direct_min_bytes if direct else None, replicas[rec])]
             for parts, holders, row0, srow0, rows, srows, pkey, src_bytes in cut[rec]:
                 key = (rec.name, rec.dtype, row0, pkey)
                 j = byjob.get(key)
