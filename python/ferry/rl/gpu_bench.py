@@ -2,9 +2,11 @@
 
 2 trainer processes (a Qwen3-style MoE of ~1.5 B parameters, every tensor Shard(0)
 over the two trainers as FSDP2 lays it out, the shards in pinned host memory as
-FSDP2's CPU offload keeps them, or with --resident in GPU memory) and 2 inference processes (TP2 / EP2, fp8 e4m3 with
-128x128 block scales) on the same GPU (or on the GPUs --gpus names), connected by torch.distributed (gloo) for the
-control traffic and by ferry's nvlink provider (CUDA IPC) for the weights.
+FSDP2's CPU offload keeps them, or with --resident in GPU memory) and 2 inference
+processes (TP2 / EP2, fp8 e4m3 with 128x128 block scales) on the same GPU (or on the
+GPUs --gpus names), connected by torch.distributed (gloo) for the control traffic and
+by ferry's nvlink provider (CUDA IPC) for the weights. --gather schedules every job onto
+one owner (the seed's full_tensor way) instead of direct writes.
 
 Measured in one run: the step time and its stages (Chrome trace), every inference
 tensor compared byte for byte with a direct conversion of the step's full weights,
@@ -17,6 +19,7 @@ GPU memory), and the quantisation rate. Writes JSON and the trace to --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -95,7 +98,7 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
         be = TorchBackend(str(dev))
         steps = args.steps
         if rank < T:
-            tl = TL if not args.resident else M.TrainerLayout(pp=TL.pp, ep=TL.ep, fsdp=TL.fsdp, offloaded=False)
+            tl = dataclasses.replace(TL, offloaded=not args.resident)
             blocks = [b for b in M.trainer_blocks(GPU_MODEL, tl) if rank in b.mesh]
             snd = WeightSender(eng, ex, rank=rank, blocks=blocks, trainer_ranks=range(T),
                                inference_ranks=range(T, 4), watermark=args.watermark_mb << 20, backend=be,
