@@ -186,9 +186,8 @@ def _thread_cpu_ns() -> dict:
     out = {}
     try:
         for tid in os.listdir("/proc/self/task"):
+            name = "submitting thread" if tid == str(os.getpid()) else f"thread {tid}"
             try:
-                with open(f"/proc/self/task/{tid}/comm") as f:
-                    name = "submitting thread" if tid == str(os.getpid()) else f"thread {tid}"
                 with open(f"/proc/self/task/{tid}/schedstat") as f:
                     out[tid] = (name, int(f.read().split()[0]))
             except OSError:
