@@ -79,7 +79,7 @@ class NumpyBackend:
 
     def copy_many(self, dsts, srcs) -> None:
         for d, s in zip(dsts, srcs):
-            d[...] = s
+            self.copy(d, s)
 
     def quantize(self, src, q, s) -> None:
         qq, ss = quantize_np(src)
@@ -139,7 +139,7 @@ class TorchBackend:
             except (RuntimeError, TypeError):  # a mix it does not take: one by one
                 pass
         for d, s in zip(dsts, srcs):
-            d.copy_(s, non_blocking=True)
+            self.copy(d, s)
 
     def quantize(self, src, q, s) -> None:
         qq, ss = quantize_torch(src)
