@@ -20,7 +20,8 @@ nvidia-smi -L | tee "$OUT/gpu.txt"
 rc=0
 # RL_RUNS: configurations of the bench, each into $OUT/<name>: offload (the shards in
 # pinned host memory, FSDP2's CPU offload), resident (in GPU memory), and either with
-# -gather (every job gathered on one owner, the seed's full_tensor way) for the A/B.
+# -gather (every job gathered on one owner, the seed's full_tensor way) for the A/B;
+# fsdp2 (fsdp2-resident): the shards of transformers' Qwen3 under fully_shard.
 # A "-mps" suffix runs that configuration under MPS (the four processes' kernels share
 # the GPU instead of taking turns as separate contexts).
 for run in ${RL_RUNS:-offload}; do
@@ -29,6 +30,7 @@ for run in ${RL_RUNS:-offload}; do
   case ${run%-mps} in
     offload) args="" ;; offload-gather) args="--gather" ;;
     resident) args="--resident" ;; resident-gather) args="--resident --gather" ;;
+    fsdp2) args="--fsdp2" ;; fsdp2-resident) args="--fsdp2 --resident" ;;
     *) echo "unknown RL_RUNS entry $run" >&2; rc=1; continue ;;
   esac
   mkdir -p "$OUT/$run"
@@ -57,7 +59,8 @@ CAL=$OUT/calibration.json
 "$PY" - "$first" > "$CAL" <<'PY' || echo '{}' > "$CAL"
 import json, sys
 s = json.load(open(sys.argv[1] + "/rl-gpu-summary.json"))["summary"]
-print(json.dumps({"quant_GBps": s["quant_GBps"]} if s.get("quant_GBps") else {}))
+q = s.get("quant_triton_GBps") or s.get("quant_GBps")  # the kernel the pipeline runs
+print(json.dumps({"quant_GBps": q} if q else {}))
 PY
 if [ -z "${RL_SKIP_PLAN:-}" ]; then
   timeout ${RL_PLAN_S:-60} "$PY" -m ferry.rl.plan --model Kimi-K2 --measure-posting --calibration "$CAL" \

@@ -34,6 +34,9 @@ from . import model as M
 GPU_MODEL = M.ModelConfig("qwen3-style-1.5b-moe", "qwen3_moe", layers=16, hidden=2048, vocab=32768, heads=16,
                           kv_heads=4, head_dim=128, experts=16, top_k=4, moe_inter=768, inter=6144,
                           first_dense=1)
+# --fsdp2: a dense Qwen3 of transformers (~0.2 B parameters), every layer fully_shard-ed
+FSDP_MODEL = M.ModelConfig("qwen3-dense-0.2b", "qwen3_moe", layers=8, hidden=1024, vocab=32768, heads=16,
+                           kv_heads=8, head_dim=64, experts=0, top_k=0, moe_inter=0, inter=3072, first_dense=8)
 TL = M.TrainerLayout(pp=1, ep=1, fsdp=2, offloaded=True)
 IL = M.InferenceLayout(instances=1, ep=2, tp=2)
 
@@ -45,12 +48,12 @@ def gen(torch, name, shape, dtype, step, device):
     return x.to(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
 
 
-def reference(torch, recipes, step, device):
+def reference(torch, cfg, recipes, step, device):
     """name -> expected tensor, converted straight from the full weights."""
     from .meta import rows_cols
     from .quant import quantize_torch
 
-    params = M.logical_params(GPU_MODEL)
+    params = M.logical_params(cfg)
     cache = {}
 
     def full(n):
@@ -72,7 +75,7 @@ def reference(torch, recipes, step, device):
 
 
 def worker(rank: int, port: int, args, out_dir: str) -> None:
-    result = {"rank": rank, "mode": dict(resident=args.resident, gather=args.gather)}
+    result = {"rank": rank, "mode": dict(resident=args.resident, gather=args.gather, fsdp2=args.fsdp2)}
     try:
         import torch
         import torch.distributed as dist
@@ -91,6 +94,8 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
         ex = TorchExchange(None, barrier_sets=[list(range(T)), list(range(4))])
         # The baseline's groups, per backend: (every rank, rank 0 + the inference ranks).
         groups = {"gloo": (None, dist.new_group([0, 2, 3], backend="gloo"))}
+        cfg = FSDP_MODEL if args.fsdp2 else GPU_MODEL
+        trainer_group = dist.new_group(list(range(T)), backend="gloo") if args.fsdp2 else None
         if "nccl" in args.baselines:  # one rank per GPU (main checks)
             groups["nccl"] = (dist.new_group(list(range(4)), backend="nccl"),
                               dist.new_group([0, 2, 3], backend="nccl"))
@@ -98,11 +103,24 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
         be = TorchBackend(str(dev))
         steps = args.steps
         if rank < T:
-            tl = dataclasses.replace(TL, offloaded=not args.resident)
-            blocks = [b for b in M.trainer_blocks(GPU_MODEL, tl) if rank in b.mesh]
+            if args.fsdp2:
+                from . import fsdp as F
+                module, result["fsdp2"] = fsdp2_module(torch, cfg, trainer_group, offload=not args.resident)
+                order = {n: i for i, n in enumerate(M.logical_params(cfg))}  # the baseline's order
+                blocks = sorted(F.blocks(module, rank), key=lambda b: order.get(b.name, len(order)))
+                module_shards = F.shards(module)
+                result["fsdp2"]["shards_are_module_memory"] = all(
+                    module_shards[(F.hf_name(n), 0)].data_ptr() == p.to_local().data_ptr()
+                    for n, p in module.named_parameters())
+                missing = set(M.logical_params(cfg)) ^ {b.name for b in blocks}
+                if missing:
+                    raise ValueError(f"module parameters and the model's logical ones differ: {sorted(missing)[:8]}")
+            else:
+                tl = dataclasses.replace(TL, offloaded=not args.resident)
+                blocks = [b for b in M.trainer_blocks(cfg, tl) if rank in b.mesh]
             snd = WeightSender(eng, ex, rank=rank, blocks=blocks, trainer_ranks=range(T),
                                inference_ranks=range(T, 4), watermark=args.watermark_mb << 20, backend=be,
-                               direct=not args.gather)
+                               direct=not args.gather, gpu_timing=True)
             t0 = time.perf_counter()
             sched = snd.setup(120)
             result["setup_s"] = time.perf_counter() - t0
@@ -114,8 +132,14 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                 for b in blocks:
                     a, e = b.shard_rows(rank)
                     w = gen(torch, b.name, b.shape, b.dtype, step, dev).reshape(rows_cols(b.shape))
-                    shards[(b.name, b.row0)] = w[a:e].clone() if args.resident else w[a:e].cpu().pin_memory()
+                    if args.fsdp2:  # the optimiser's update, in place in the module's shards
+                        with torch.no_grad():
+                            module_shards[(b.name, b.row0)].copy_(w[a:e])
+                    else:
+                        shards[(b.name, b.row0)] = w[a:e].clone() if args.resident else w[a:e].cpu().pin_memory()
                     del w
+                if args.fsdp2:
+                    shards = module_shards
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
@@ -123,7 +147,7 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                 st = snd.step(step, shards, 120)
                 st_extra = torch.cuda.max_memory_allocated() - base
                 stats.append(st)
-                result.setdefault("steps", []).append(dict(wall_s=st.wall_s, stages=st.stages,
+                result.setdefault("steps", []).append(dict(wall_s=st.wall_s, stages=st.stages, gpu=st.gpu,
                                                            peak_ring_bytes=st.peak_temp_bytes,
                                                            peak_cuda_above_base_bytes=st_extra,
                                                            bytes_written=st.bytes_written, writes=st.writes,
@@ -177,6 +201,17 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                     quantize_torch(w)
                 torch.cuda.synchronize()
                 result["quant_GBps"] = w.numel() * 2 * 10 / (time.perf_counter() - t0) / 1e9
+                from . import quant_triton
+                if quant_triton.available(w):  # the kernel the pipeline uses
+                    q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=dev)
+                    sc = torch.empty((w.shape[0] // 128, w.shape[1] // 128), dtype=torch.float32, device=dev)
+                    quant_triton.quantize_into(w, q, sc)
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(10):
+                        quant_triton.quantize_into(w, q, sc)
+                    torch.cuda.synchronize()
+                    result["quant_triton_GBps"] = w.numel() * 2 * 10 / (time.perf_counter() - t0) / 1e9
             ex.barrier(range(4), 300)
             # Baselines: rank-0 gather + broadcast of the same weights (torch.distributed):
             # gloo from host memory; NCCL from GPU memory (the shards' H2D copy included).
@@ -209,7 +244,7 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                 result[_baseline_key(backend)] = time.perf_counter() - t0
         else:
             i = rank - T
-            recipes = M.inference_recipes(GPU_MODEL, IL, i)
+            recipes = M.inference_recipes(cfg, IL, i)
             dts = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float8_e4m3fn": torch.float8_e4m3fn}
             tensors = {n: torch.zeros(shape, dtype=dts[dt], device=dev) for n, shape, dt in M.tensor_specs(recipes)}
             result["inference_bytes"] = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -222,7 +257,7 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                 rcv.wait_step(step, 120)
                 t_arr = time.perf_counter() - t0
                 bad, n = [], 0
-                for name, ref in reference(torch, recipes, step, dev):
+                for name, ref in reference(torch, cfg, recipes, step, dev):
                     n += 1
                     got = tensors[name]
                     if not torch.equal(got.reshape(-1).view(torch.uint8), ref.contiguous().reshape(-1).view(torch.uint8)):
@@ -244,7 +279,7 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                 result["numpy_vs_cuda_bit_exact"] = f"skipped: {e}"
             ex.barrier(range(4), 300)
             ex.barrier(range(4), 300)
-            params = M.logical_params(GPU_MODEL)
+            params = M.logical_params(cfg)
             from .quant import quantize_torch
             for backend in args.baselines:
                 _, bcast = groups[backend]
@@ -282,6 +317,33 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
     os._exit(0)
 
 
+def fsdp2_module(torch, cfg, group, offload: bool):
+    """transformers' Qwen3ForCausalLM of `cfg` in bf16, each decoder layer and then the
+    root fully_shard-ed (FSDP2) over the trainers' gloo group on a CUDA mesh, its shards
+    in pinned host memory under CPUOffloadPolicy when `offload`. Returns it and a record
+    of what ran."""
+    import transformers
+    from torch.distributed.device_mesh import DeviceMesh
+
+    try:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    except ImportError:  # torch < 2.6
+        from torch.distributed._composable.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    hf = transformers.Qwen3Config(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.inter,
+                                  num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
+                                  num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_dim,
+                                  tie_word_embeddings=False)
+    model = transformers.Qwen3ForCausalLM(hf).to(torch.bfloat16)
+    mesh = DeviceMesh.from_group(group, "cuda")
+    policy = CPUOffloadPolicy(pin_memory=True) if offload else OffloadPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, offload_policy=policy)
+    fully_shard(model, mesh=mesh, offload_policy=policy)
+    n = sum(p.numel() for p in model.parameters())
+    return model, dict(model=type(model).__name__, transformers=transformers.__version__, torch=torch.__version__,
+                       parameters=n, offload=offload, fully_shard=f"{fully_shard.__module__}")
+
+
 def _baseline_key(backend: str) -> str:
     return "baseline_s" if backend == "gloo" else f"baseline_{backend}_s"
 
@@ -307,6 +369,8 @@ def main(argv=None) -> int:
     ap.add_argument("--resident", action="store_true", help="trainer shards in GPU memory (no CPU offload)")
     ap.add_argument("--gather", action="store_true", help="every job gathered on one owner (the seed's "
                     "full_tensor way) instead of direct writes of each rank's own rows")
+    ap.add_argument("--fsdp2", action="store_true", help="trainer shards of a transformers Qwen3 (dense) that "
+                    "fully_shard (FSDP2) sharded over the trainers, CPU offload unless --resident")
     ap.add_argument("--baselines", default="gloo", help="rank-0 gather + broadcast over: gloo, nccl "
                     "(needs a GPU per rank), or gloo,nccl")
     a = ap.parse_args(argv)
@@ -365,18 +429,27 @@ def summarise(res):
         s["bytes_written"] = sum(r["steps"][best]["bytes_written"] for r in tr)
         prep = max(r["steps"][best]["stages"]["prepare"] for r in tr)
         s["step_minus_prepare_s"] = walls[best] - prep
+        # device time of fusion and quantisation (markers around each job's conversion),
+        # the part of the step the copy-ceiling target leaves out
+        gpu = {r["rank"]: r["steps"][best].get("gpu") or {} for r in tr}
+        s["gpu_best_step"] = gpu
+        conv = max((g.get("convert", 0.0) for g in gpu.values()), default=0.0)
+        s["step_minus_convert_s"] = walls[best] - conv
         cc = next((r["copy_ceiling"] for r in tr if "copy_ceiling" in r), None)
         if cc:
             s["copy_ceiling"] = cc
             s["ceiling_over_step"] = cc["s"] / walls[best]
             s["ceiling_over_step_minus_prepare"] = cc["s"] / max(1e-9, walls[best] - prep)
+            s["ceiling_over_step_minus_convert"] = cc["s"] / max(1e-9, walls[best] - conv)
             h2d = max((r.get("h2d_s", 0) for r in tr), default=0)
             if h2d:  # offloaded: the shards cross the host link before anything else
                 s["h2d_floor_s"] = h2d
                 s["h2d_floor_GBps"] = sum(r.get("h2d_bytes", 0) for r in tr) / h2d / 1e9
                 s["floor_s"] = max(h2d, cc["s"])
                 s["floor_over_step_minus_prepare"] = s["floor_s"] / max(1e-9, walls[best] - prep)
+                s["floor_over_step_minus_convert"] = s["floor_s"] / max(1e-9, walls[best] - conv)
         s["quant_GBps"] = next((r["quant_GBps"] for r in tr if "quant_GBps" in r), None)
+        s["quant_triton_GBps"] = next((r["quant_triton_GBps"] for r in tr if "quant_triton_GBps" in r), None)
         base = max((r.get("baseline_s", 0) for r in res), default=0)
         s["baseline_gather_broadcast_s"] = base
         if base:
@@ -385,6 +458,9 @@ def summarise(res):
         if nccl:
             s["baseline_nccl_gather_broadcast_s"] = nccl
             s["speedup_vs_nccl_baseline"] = nccl / walls[best]
+    f2 = next((r["fsdp2"] for r in res if "fsdp2" in r), None)
+    if f2:
+        s["fsdp2"] = f2
     inf = [r for r in res if "checks" in r]
     if inf:
         s["bit_exact"] = all(c["n_bad"] == 0 for r in inf for c in r["checks"])

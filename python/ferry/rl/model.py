@@ -12,7 +12,6 @@ torchtitan keeps them) and fused on the inference side into w13 [E_local, 2I, H]
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from .meta import Part, Recipe, TrainerBlock, rows_cols
 from .quant import scale_shape

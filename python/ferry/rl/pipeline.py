@@ -17,7 +17,6 @@ Inference rank: registers its weights once and counts the step's immediates.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -27,7 +26,8 @@ import numpy as np
 import ferry
 
 from . import schedule as S
-from .meta import InferenceMeta, InferenceTensor, Part, Recipe, TrainerBlock, TrainerMeta
+from .meta import InferenceMeta, InferenceTensor, Recipe, TrainerBlock, TrainerMeta
+from . import quant_triton
 from .quant import ITEMSIZE, np_dtype, quantize_np, quantize_torch, scale_shape
 
 IMM_DATA = 0x524C0000  # + step % 8
@@ -86,8 +86,22 @@ class NumpyBackend:
         q[...] = qq
         s[...] = ss
 
+    def reads_in_place(self, src) -> bool:
+        """Whether conversion may read `src` where it lies (no copy into staging first)."""
+        return True
+
     def sync(self) -> None:
         pass
+
+    def record(self, timing: bool = False):
+        """A marker after the work issued so far (None: host work is done when issued)."""
+        return None
+
+    def wait(self, ev) -> None:
+        pass
+
+    def elapsed(self, e0, e1) -> float:
+        return 0.0
 
     def byte_view(self, arr):
         return arr.reshape(-1).view(np.uint8)
@@ -142,13 +156,34 @@ class TorchBackend:
             self.copy(d, s)
 
     def quantize(self, src, q, s) -> None:
+        if quant_triton.available(src):  # one launch, no temporaries
+            quant_triton.quantize_into(src, q, s)
+            return
         qq, ss = quantize_torch(src)
         q.copy_(qq)
         s.copy_(ss)
 
+    def reads_in_place(self, src) -> bool:
+        return src.device == self.device
+
     def sync(self) -> None:
         if self.device.type == "cuda":
             self.torch.cuda.current_stream(self.device).synchronize()
+
+    def record(self, timing: bool = False):
+        if self.device.type != "cuda":
+            return None
+        ev = self.torch.cuda.Event(enable_timing=timing)
+        ev.record(self.torch.cuda.current_stream(self.device))
+        return ev
+
+    def wait(self, ev) -> None:
+        if ev is not None:
+            ev.synchronize()
+
+    def elapsed(self, e0, e1) -> float:
+        """GPU seconds between two markers (both complete)."""
+        return 0.0 if e0 is None or e1 is None else e0.elapsed_time(e1) / 1e3
 
     def byte_view(self, t):
         return t.reshape(-1).view(self.torch.uint8)
@@ -164,6 +199,7 @@ class StepStats:
     stages: dict = field(default_factory=lambda: {k: 0.0 for k in
                                                   ("send", "wait_memory", "gather", "h2d", "prepare", "post", "write", "barrier")})
     events: list = field(default_factory=list)  # (stage, label, t0, t1) in seconds since step start
+    gpu: dict = field(default_factory=lambda: {"h2d": 0.0, "gather": 0.0, "convert": 0.0})  # device seconds
     peak_temp_bytes: int = 0
     bytes_written: int = 0
     writes: int = 0
@@ -220,7 +256,7 @@ class WeightSender:
                  trainer_ranks: Sequence[int], inference_ranks: Sequence[int], watermark: int,
                  backend: Any = None, controller: int = 0,
                  after_post: Optional[Callable[[int, int], None]] = None, direct: bool = True,
-                 direct_min_bytes: int = S.DIRECT_MIN_BYTES):
+                 direct_min_bytes: int = S.DIRECT_MIN_BYTES, gpu_timing: bool = False):
         self.engine, self.ex, self.rank = engine, exchange, rank
         # direct writes (schedule.build); the controller's choice holds
         self.direct, self.direct_min_bytes = direct, direct_min_bytes
@@ -230,6 +266,7 @@ class WeightSender:
         self.backend = backend or NumpyBackend()
         self.controller = controller
         self.after_post = after_post
+        self.gpu_timing = gpu_timing  # device time of each stage, from markers (StepStats.gpu)
         self.schedule: Optional[S.Schedule] = None
 
     def setup(self, timeout: float = 60.0) -> S.Schedule:
@@ -256,8 +293,39 @@ class WeightSender:
                 desc, off = where[(w.rank, w.tensor)]
                 dsts.append(ferry.ScatterDst(w.length, j.pool_offset + j.out_offset + w.src, desc, off + w.dst_offset))
             self._prepared[j.id] = self.engine.prepare_scatter(self._h, dsts, route=_ROUTE)
+        # every view of the ring a job uses, made once: per step only the shards' change
+        self._views = {j.id: self._ring_views(j) for j in self.schedule.owned(self.rank)}
         self._mine = {(b.name, b.row0): b for b in self.blocks}
         return self.schedule
+
+    def _ring_views(self, j: S.Job):
+        """(the parts where they are gathered, back to back; per part its rows of the
+        output and of the scales; the whole input, output and scales when the job
+        converts in one pass, else None)."""
+        be = self.backend
+        parts, off = [], j.pool_offset
+        for p, b in j.parts:
+            parts.append(be.view(self.pool, off, (p.rows, p.cols), b.dtype))
+            off += p.rows * p.cols * ITEMSIZE[b.dtype]
+        if j.passthrough:
+            return parts, [], None
+        cols = j.parts[0][0].cols
+        rows = sum(p.rows for p, _ in j.parts)
+        out = be.view(self.pool, j.pool_offset + j.out_offset, (rows, cols), j.dtype)
+        sv = None
+        if j.scale_bytes:
+            scols = scale_shape(1, cols)[1]
+            sv = be.view(self.pool, j.pool_offset + j.out_offset + S._align(j.weight_bytes),
+                         (j.scale_bytes // (4 * scols), scols), "float32")
+        per_part, r, sr = [], 0, 0
+        for p, _ in j.parts:
+            n = scale_shape(p.rows, p.cols)[0] if sv is not None else 0
+            per_part.append((out[r:r + p.rows], sv[sr:sr + n] if sv is not None else None))
+            r, sr = r + p.rows, sr + n
+        whole = None
+        if _one_pass(j):  # the parts lie back to back and no block spans two
+            whole = (be.view(self.pool, j.pool_offset, (rows, cols), j.parts[0][1].dtype), out, sv)
+        return parts, per_part, whole
 
     def _pieces(self, j: S.Job, shards):
         """(part index, rows [a, b) of the part this rank holds, 2-D view of them); for a
@@ -306,6 +374,11 @@ class WeightSender:
         inflight: dict[int, tuple[Any, S.Job, float]] = {}
         done_at: dict[int, float] = {}
         live = 0
+        # The job converted last, posted once the next one is issued: the device works on
+        # the next job while this thread waits for the last one's marker (one job ahead).
+        pending: list = []  # [(jid, job, t_converted_from, marker)]
+        marks: list = []  # (job, crossed, m0, m1, m2): device time of each stage after the step
+        prep_end = 0.0
 
         def finish(jid: int) -> None:
             nonlocal live
@@ -316,6 +389,27 @@ class WeightSender:
                 raise ferry.Timeout(f"step {step}: writes of {j.recipe} not complete by the deadline") from e
             st.add("write", j.recipe, t_post, done_at.get(jid, time.perf_counter()), base)
             live -= j.footprint
+
+        def post() -> None:
+            nonlocal prep_end
+            jid, j, t3, mark = pending.pop()
+            if mark is None:
+                be.sync()
+            else:
+                be.wait(mark)
+            t4 = time.perf_counter()
+            st.add("prepare", j.recipe, max(t3, prep_end), t4, base)
+            prep_end = t4
+            tr = self.engine.submit(self._prepared[jid], imm=data_imm(step))
+            tr.add_done_callback(lambda _f, jid=jid: done_at.__setitem__(jid, time.perf_counter()))
+            t5 = time.perf_counter()
+            st.add("post", j.recipe, t4, t5, base)
+            inflight[jid] = (tr, j, t5)
+            st.jobs += 1
+            st.writes += len(j.writes)
+            st.bytes_written += j.sent_bytes
+            if self.after_post:
+                self.after_post(step, jid)
 
         for group, ids in s.rank_sequence(me):
             for jid in ids:
@@ -330,28 +424,30 @@ class WeightSender:
                     continue
                 t0 = time.perf_counter()
                 for w in j.wait_for:
+                    if pending and pending[0][0] == w:
+                        post()
                     if w in inflight:
                         finish(w)
                 live += j.footprint
                 st.peak_temp_bytes = max(st.peak_temp_bytes, live)
                 t1 = time.perf_counter()
                 st.add("wait_memory", j.recipe, t0, t1, base)
-                views, t3 = self._gather(j, shards, step, st, t1, base, left)
+                m0 = be.record(timing=True) if self.gpu_timing else None
+                views = self._in_place(j, shards)
+                in_place, crossed, t3 = views is not None, False, t1
+                if not in_place:
+                    views, crossed, t3 = self._gather(j, shards, step, st, t1, base, left)
+                m1 = be.record(timing=True) if self.gpu_timing else None
                 if not j.passthrough:
-                    self._convert(j, views)
-                be.sync()
-                t4 = time.perf_counter()
-                st.add("prepare", j.recipe, t3, t4, base)
-                tr = self.engine.submit(self._prepared[jid], imm=data_imm(step))
-                tr.add_done_callback(lambda _f, jid=jid: done_at.__setitem__(jid, time.perf_counter()))
-                t5 = time.perf_counter()
-                st.add("post", j.recipe, t4, t5, base)
-                inflight[jid] = (tr, j, t5)
-                st.jobs += 1
-                st.writes += len(j.writes)
-                st.bytes_written += j.sent_bytes
-                if self.after_post:
-                    self.after_post(step, jid)
+                    self._convert(j, views, back_to_back=not in_place)
+                mark = be.record(timing=self.gpu_timing)
+                if self.gpu_timing:
+                    marks.append((j, crossed, m0, m1, mark))
+                if pending:
+                    post()
+                pending.append((jid, j, t3, mark))
+            if pending:
+                post()
             for jid in list(inflight):
                 finish(jid)
             t0 = time.perf_counter()
@@ -359,26 +455,39 @@ class WeightSender:
             self.ex.barrier(self.trainer_ranks, left())
             st.add("barrier", group, t0, time.perf_counter(), base)
         st.wall_s = time.perf_counter() - base
+        for j, crossed, m0, m1, m2 in marks:  # every marker is complete: the writes were posted after them
+            st.gpu["h2d" if crossed else "gather"] += be.elapsed(m0, m1)
+            st.gpu["convert"] += be.elapsed(m1, m2)
         self._trace(st, base_ns)
         return st
+
+    def _in_place(self, j: S.Job, shards):
+        """The job's parts where they lie in this rank's shards, when conversion can read
+        them there (a direct job: this rank holds every row; shards the device reads);
+        None where they must be gathered into the ring first (and for a job whose rows
+        are its output)."""
+        if j.passthrough:
+            return None
+        views: list = [None] * len(j.parts)
+        for pi, a, e, piece in self._pieces(j, shards):
+            if a != 0 or e != j.parts[pi][0].rows or views[pi] is not None or not self.backend.reads_in_place(piece):
+                return None
+            views[pi] = piece
+        return views if all(v is not None for v in views) else None
 
     def _gather(self, j: S.Job, shards, step: int, st: StepStats, t1: float, base: float, left):
         """The job's rows into its ring memory: this rank's own (one copy call; stage 1
         when they are offloaded), then the other ranks' (gathered jobs). Returns the
         parts' views there and the time it ended."""
         be, me = self.backend, self.rank
-        views, off = [], j.pool_offset
-        for p, b in j.parts:
-            views.append(be.view(self.pool, off, (p.rows, p.cols), b.dtype))
-            off += p.rows * p.cols * ITEMSIZE[b.dtype]
+        views = self._views[j.id][0]
         dsts, srcs = [], []
         for pi, a, e, piece in self._pieces(j, shards):
             dsts.append(views[pi][a:e])
             srcs.append(piece)
         be.copy_many(dsts, srcs)
         crossed = any(be.crosses(x) for x in srcs)
-        if crossed:  # this rank's own offloaded rows: stage 1
-            be.sync()
+        if crossed:  # this rank's own offloaded rows: stage 1 (issued; its device time from the markers)
             th = time.perf_counter()
             st.add("h2d", j.recipe, t1, th, base)
             t1 = th
@@ -403,31 +512,18 @@ class WeightSender:
         t3 = time.perf_counter()
         if uploads:
             st.add("h2d", j.recipe, t2, t3, base)
-        return views, t3
+        return views, crossed, t3
 
-    def _convert(self, j: S.Job, views) -> None:
-        """Fusion and quantisation of the gathered parts into the job's output."""
-        be = self.backend
-        cols = j.parts[0][0].cols
-        rows = sum(p.rows for p, _ in j.parts)
-        out = be.view(self.pool, j.pool_offset + j.out_offset, (rows, cols), j.dtype)
-        if j.scale_bytes:
-            scols = scale_shape(1, cols)[1]
-            srows = j.scale_bytes // (4 * scols)
-            sv = be.view(self.pool, j.pool_offset + j.out_offset + S._align(j.weight_bytes), (srows, scols), "float32")
-        parts = j.parts
-        if _one_pass(j):  # the parts lie back to back and no block spans two
-            views = [be.view(self.pool, j.pool_offset, (rows, cols), j.parts[0][1].dtype)]
-            parts = [(Part("", 0, rows, 0, cols), None)]
-        r = sr = 0
-        for v, (p, _) in zip(views, parts):
-            if j.scale_bytes:
-                n = scale_shape(p.rows, p.cols)[0]
-                be.quantize(v, out[r:r + p.rows], sv[sr:sr + n])
-                sr += n
+    def _convert(self, j: S.Job, views, back_to_back: bool = True) -> None:
+        """Fusion and quantisation of the parts (`views`; gathered into the ring back to
+        back, or read in place) into the job's output."""
+        _, per_part, whole = self._views[j.id]
+        items = [whole] if back_to_back and whole is not None else [(v, o, sc) for v, (o, sc) in zip(views, per_part)]
+        for src, out, scales in items:
+            if scales is not None:
+                self.backend.quantize(src, out, scales)
             else:
-                be.copy(out[r:r + p.rows], v)
-            r += p.rows
+                self.backend.copy(out, src)
 
     def _trace(self, st: StepStats, base_ns: int) -> None:
         """The step's stages into the engine's own trace (FERRY_TRACE / trace=), one track

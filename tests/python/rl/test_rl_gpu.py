@@ -22,3 +22,20 @@ def test_gpu_bench_bit_exact_and_under_the_watermark(tmp_path):
     assert s["bit_exact"] is True
     assert s["peak_ring_bytes"] <= s["watermark_bytes"]
     assert s["numpy_vs_cuda_bit_exact"] == [True, True]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_gpu_bench_fsdp2_module_offloaded_bit_exact(tmp_path):
+    """Trainer shards from transformers' Qwen3 fully_shard-ed (FSDP2) over gloo with CPU
+    offload: the blocks come from its DTensors, the writes from its pinned shards."""
+    pytest.importorskip("ml_dtypes")
+    pytest.importorskip("transformers")
+    from ferry.rl import gpu_bench
+
+    rc = gpu_bench.main(["--out", str(tmp_path), "--steps", "2", "--deadline", "180", "--fsdp2"])
+    s = json.loads((tmp_path / "rl-gpu-summary.json").read_text())["summary"]
+    assert rc == 0, s.get("errors")
+    assert s["bit_exact"] is True
+    assert s["fsdp2"]["offload"] is True and s["fsdp2"]["parameters"] > 100_000_000
+    assert s["fsdp2"]["shards_are_module_memory"] is True
+    assert s["peak_ring_bytes"] <= s["watermark_bytes"]

@@ -123,7 +123,7 @@ def test_trainer_dying_mid_step_is_a_typed_error_and_marks_weights_stale():
     assert tr[0][2] == "error" and tr[0][3] == "Unavailable" and "rank 1 left" in tr[0][4], tr
     assert tr[0][5] < case["timeout"]  # typed error well within the step's deadline
     for r in inf:
-        (s0, st0, bad0, _, _), last = r[3][0], r[3][-1]
+        (_, st0, bad0, _, _), last = r[3][0], r[3][-1]
         assert st0 == "ok" and bad0 == []  # step 0 arrived whole
         assert last[0] == 1 and last[1] == "error" and last[2] == "Aborted", last  # told by trainer 0
         assert last[3] is True  # stale: step 1 began and did not finish
