@@ -120,7 +120,7 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                 blocks = [b for b in M.trainer_blocks(cfg, tl) if rank in b.mesh]
             snd = WeightSender(eng, ex, rank=rank, blocks=blocks, trainer_ranks=range(T),
                                inference_ranks=range(T, 4), watermark=args.watermark_mb << 20, backend=be,
-                               direct=not args.gather, gpu_timing=True)
+                               direct=not args.gather, gpu_timing=not os.environ.get("FERRY_RL_NO_GPU_TIMING"))
             t0 = time.perf_counter()
             sched = snd.setup(120)
             result["setup_s"] = time.perf_counter() - t0
@@ -144,7 +144,20 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
                 ex.barrier(range(4), 120)  # inference ranks are waiting for this step
+                prof = None
+                if os.environ.get("FERRY_RL_PROFILE") and rank == 0 and step == steps - 1:
+                    import cProfile  # where the last step's Python time goes (inflated by the profiler)
+                    prof = cProfile.Profile()
+                    prof.enable()
                 st = snd.step(step, shards, 120)
+                if prof is not None:
+                    import io
+                    import pstats
+                    prof.disable()
+                    buf = io.StringIO()
+                    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(45)
+                    with open(os.path.join(out_dir, "profile-rank0.txt"), "w") as f:
+                        f.write(buf.getvalue())
                 st_extra = torch.cuda.max_memory_allocated() - base
                 stats.append(st)
                 result.setdefault("steps", []).append(dict(wall_s=st.wall_s, stages=st.stages, gpu=st.gpu,

@@ -93,6 +93,9 @@ class NumpyBackend:
     def sync(self) -> None:
         pass
 
+    def begin(self) -> None:
+        pass
+
     def record(self, timing: bool = False):
         """A marker after the work issued so far (None: host work is done when issued)."""
         return None
@@ -116,6 +119,7 @@ class TorchBackend:
 
         self.torch = torch
         self.device = torch.device(device)
+        self._stream = None  # begin(): the step's stream; None records on the current one
         self.dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32,
                        "float8_e4m3fn": torch.float8_e4m3fn, "float16": torch.float16}
 
@@ -170,11 +174,15 @@ class TorchBackend:
         if self.device.type == "cuda":
             self.torch.cuda.current_stream(self.device).synchronize()
 
+    def begin(self) -> None:
+        """At a step's start: the stream it runs on (looked up once, not per marker)."""
+        self._stream = self.torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+
     def record(self, timing: bool = False):
         if self.device.type != "cuda":
             return None
         ev = self.torch.cuda.Event(enable_timing=timing)
-        ev.record(self.torch.cuda.current_stream(self.device))
+        ev.record(self._stream)
         return ev
 
     def wait(self, ev) -> None:
@@ -296,6 +304,7 @@ class WeightSender:
         # every view of the ring a job uses, made once: per step only the shards' change
         self._views = {j.id: self._ring_views(j) for j in self.schedule.owned(self.rank)}
         self._mine = {(b.name, b.row0): b for b in self.blocks}
+        self._plans: dict = {}
         return self.schedule
 
     def _ring_views(self, j: S.Job):
@@ -330,15 +339,35 @@ class WeightSender:
     def _pieces(self, j: S.Job, shards):
         """(part index, rows [a, b) of the part this rank holds, 2-D view of them); for a
         rank other than the owner only the rows the owner lacks (replicated blocks)."""
+        rows = self.backend.rows
+        for pi, key, n, cols, la, le, c0, c1, a, e in self._plan(j)[0]:
+            yield pi, a, e, rows(shards[key], n, cols)[la:le, c0:c1]
+
+    def _plan(self, j: S.Job):
+        """Which rows of which shard each part takes from this rank, and (owner) which rows
+        it receives from which rank: worked out once per job, the same every step."""
+        plan = self._plans.get(j.id)
+        if plan is not None:
+            return plan
+        mine, recv = [], []
         for pi, (p, b) in enumerate(j.parts):
-            if (b.name, b.row0) not in self._mine:
+            if (b.name, b.row0) in self._mine:
+                sa, sb = b.shard_rows(self.rank)
+                a, e = max(sa, p.r0 - b.row0), min(sb, p.r1 - b.row0)
+                if a < e and not (j.owner != self.rank and _holds(b, j.owner, a, e)):
+                    mine.append((pi, (b.name, b.row0), sb - sa, b.cols, a - sa, e - sa, p.c0, p.c1,
+                                 a + b.row0 - p.r0, e + b.row0 - p.r0))
+            if j.owner != self.rank:
                 continue
-            sa, sb = b.shard_rows(self.rank)
-            a, e = max(sa, p.r0 - b.row0), min(sb, p.r1 - b.row0)
-            if a >= e or (j.owner != self.rank and _holds(b, j.owner, a, e)):
-                continue
-            local = self.backend.rows(shards[(b.name, b.row0)], sb - sa, b.cols)
-            yield pi, a + b.row0 - p.r0, e + b.row0 - p.r0, local[a - sa:e - sa, p.c0:p.c1]
+            for k in b.mesh:
+                if k == self.rank:
+                    continue
+                sa, sb = b.shard_rows(k)
+                a, e = max(sa, p.r0 - b.row0), min(sb, p.r1 - b.row0)
+                if a < e and not _holds(b, self.rank, a, e):
+                    recv.append((pi, k, a + b.row0 - p.r0, e + b.row0 - p.r0))
+        plan = self._plans[j.id] = (mine, recv)
+        return plan
 
     def step(self, step: int, shards: dict, timeout: float = 60.0) -> StepStats:
         """Send this step's weights. `shards[(name, row0)]` is this rank's local shard of
@@ -366,6 +395,7 @@ class WeightSender:
 
     def _step(self, step: int, shards: dict, timeout: float) -> StepStats:
         s, be, me = self.schedule, self.backend, self.rank
+        be.begin()
         st = StepStats(me, step)
         base = time.perf_counter()
         base_ns = time.monotonic_ns()
@@ -464,9 +494,10 @@ class WeightSender:
     def _in_place(self, j: S.Job, shards):
         """The job's parts where they lie in this rank's shards, when conversion can read
         them there (a direct job: this rank holds every row; shards the device reads);
-        None where they must be gathered into the ring first (and for a job whose rows
-        are its output)."""
-        if j.passthrough:
+        None where they must be gathered into the ring first, for a job whose rows are
+        its output, and for parts that convert in one pass once gathered (one copy and
+        one pass cost fewer launches than a pass per part)."""
+        if j.passthrough or (len(j.parts) > 1 and _one_pass(j)):  # one copy + one pass: fewer launches
             return None
         views: list = [None] * len(j.parts)
         for pi, a, e, piece in self._pieces(j, shards):
@@ -479,7 +510,7 @@ class WeightSender:
         """The job's rows into its ring memory: this rank's own (one copy call; stage 1
         when they are offloaded), then the other ranks' (gathered jobs). Returns the
         parts' views there and the time it ended."""
-        be, me = self.backend, self.rank
+        be = self.backend
         views = self._views[j.id][0]
         dsts, srcs = [], []
         for pi, a, e, piece in self._pieces(j, shards):
@@ -492,18 +523,11 @@ class WeightSender:
             st.add("h2d", j.recipe, t1, th, base)
             t1 = th
         uploads = []
-        for pi, (p, b) in enumerate(j.parts):
-            for k in b.mesh:
-                if k == me:
-                    continue
-                sa, sb = b.shard_rows(k)
-                a, e = max(sa, p.r0 - b.row0), min(sb, p.r1 - b.row0)
-                if a >= e or _holds(b, me, a, e):
-                    continue
-                dst = views[pi][a + b.row0 - p.r0:e + b.row0 - p.r0]
-                host = be.recv_buffer(dst)
-                self.ex.recv(self.trainer_ranks[k], _tag(step, j.id, pi), host, left())
-                uploads.append((host, dst))
+        for pi, k, a, e in self._plan(j)[1]:
+            dst = views[pi][a:e]
+            host = be.recv_buffer(dst)
+            self.ex.recv(self.trainer_ranks[k], _tag(step, j.id, pi), host, left())
+            uploads.append((host, dst))
         t2 = time.perf_counter()
         if uploads or not crossed:
             st.add("gather", j.recipe, t1, t2, base)
