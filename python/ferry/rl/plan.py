@@ -40,7 +40,7 @@ CALIBRATION = {
     "nic_efficiency": 0.92,  # achievable fraction of line rate for >= 16 MiB writes (seed Table 2)
     "nvlink_GBps": 360.0,  # per-GPU NVLink gather bandwidth inside a node (H100/H200 NV18, busbw)
     "gpus_per_node": 8,
-    "quant_GBps": 131.0,  # bf16 bytes/s through quantize_torch, measured on one H200 (docs/RL.md)
+    "quant_GBps": 1400.0,  # bf16 bytes/s through quant_triton (one launch per part), measured on one H200: 1.38-1.51 TB/s (docs/RL.md)
     "submit_us": 10.0,  # CPU per prepared scatter submit (Python + C++), measured: --measure-posting
     "wr_us": 0.5,  # CPU per work request posted by the worker, measured: --measure-posting
     "barrier_ms": 5.0,  # gloo barrier over 256 ranks on the Ethernet control network
