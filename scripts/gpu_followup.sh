@@ -39,15 +39,14 @@ for r in 1 2 3; do for v in off on trace; do
 done; done
 echo "obs done" >> "$O/summary.txt"
 # 4. the chain under MPS
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-if nvidia-cuda-mps-control -d > "$O/mps.txt" 2>&1; then
+. scripts/mps.sh
+if mps_start "$O/mps.txt"; then
   for p in nvlink shm; do
     echo "== chain $p imm busy (MPS)" >> "$O/chain.txt"
     timeout 25 $B/lat-chain --provider $p --op imm --poll busy --iters 2000 >> "$O/chain.txt" 2>&1
     echo "rc=$?" >> "$O/chain.txt"
   done
-  echo quit | timeout 20 nvidia-cuda-mps-control
+  mps_stop
 else
   echo "MPS did not start" >> "$O/summary.txt"
 fi

@@ -41,9 +41,8 @@ run)
   # MPS=1: both processes' kernels share the GPU through MPS instead of taking turns as
   # separate contexts (closer to two GPUs: neither waits for the other's time slice).
   if [ -n "${MPS:-}" ]; then
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-    nvidia-cuda-mps-control -d && trap 'echo quit | timeout 20 nvidia-cuda-mps-control' EXIT
+    . scripts/mps.sh
+    mps_start && trap mps_stop EXIT
   fi
   timeout -k 10 "${E2E_S:-330}" python3 -m ferry.kv.e2e --lengths "${LENGTHS:-1000,4000,16000}" --reps "${REPS:-5}" \
     --out "$OUT/kv_e2e.json" --trace-dir "$OUT/kv-traces" ${E2E_ARGS:-} 2>&1 | tee "$OUT/kv_e2e.txt" || true

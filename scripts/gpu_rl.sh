@@ -9,6 +9,7 @@
 # RL_RUNS, RL_PACK, RL_SKIP_PYTEST, RL_SKIP_PLAN: below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/mps.sh
 OUT=${OUT:-$PWD/rl-gpu-out}
 CARRY=${RL_CARRY:-$PWD/.rl-carry}
 PY=${PYTHON:-python3}
@@ -36,9 +37,7 @@ for run in ${RL_RUNS:-offload}; do
   mkdir -p "$OUT/$run"
   echo "== $run: gpu_bench $args" | tee -a "$OUT/gpu-bench.txt"
   if [ -n "$mps" ]; then
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-    nvidia-cuda-mps-control -d || { echo "$run: MPS did not start" | tee -a "$OUT/gpu-bench.txt"; rc=1; continue; }
+    mps_start || { echo "$run: MPS did not start" | tee -a "$OUT/gpu-bench.txt"; rc=1; continue; }
   fi
   # the bench kills its rank processes at --deadline, before timeout(1) kills it (its
   # children would hold the pipe open)
@@ -46,8 +45,7 @@ for run in ${RL_RUNS:-offload}; do
     --watermark-mb ${RL_WATERMARK_MB:-512} $args ${RL_BENCH_ARGS:-} > "$OUT/$run/bench.log" 2>&1 || rc=1
   tail -c 20000 "$OUT/$run/bench.log" | tee -a "$OUT/gpu-bench.txt"
   if [ -n "$mps" ]; then
-    echo quit | timeout 20 nvidia-cuda-mps-control
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    mps_stop
   fi
 done
 first=$OUT/$(set -- ${RL_RUNS:-offload}; echo "$1")

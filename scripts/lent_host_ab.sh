@@ -67,15 +67,14 @@ for s in ${SECTIONS:-obs latency chain}; do
     echo "hops done $(date -u +%T)" >> "$S"
     ;;
   chain)
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-    if nvidia-cuda-mps-control -d >> "$S" 2>&1; then
+    . scripts/mps.sh
+    if mps_start "$S"; then
       for run in 1 2; do for p in nvlink shm; do
         echo "== chain $p imm busy (MPS) run $run" >> "$O/chain.txt"
         timeout 40 "$B/lat-chain" --provider $p --op imm --poll busy --iters 3000 >> "$O/chain.txt" 2>&1
         echo "rc=$?" >> "$O/chain.txt"
       done; done
-      echo quit | timeout 20 nvidia-cuda-mps-control
+      mps_stop
     else
       echo "MPS did not start" >> "$S"
     fi

@@ -65,6 +65,17 @@ class TrainerBlock:
         b = min((i + 1) * chunk, self.shape[0]) * per
         return a, b
 
+    def held(self, rank: int, part: "Part") -> tuple[int, int]:
+        """Rows [a, e) of this block (its own row numbers) that `rank` holds of `part`, a
+        piece of this block's parameter; empty when a >= e."""
+        sa, sb = self.shard_rows(rank)
+        return max(sa, part.r0 - self.row0), min(sb, part.r1 - self.row0)
+
+    def holds(self, rank: int, a: int, e: int) -> bool:
+        """Whether `rank` holds rows [a, e) of this block whole."""
+        sa, sb = self.shard_rows(rank)
+        return sa <= a and e <= sb
+
     def local_shape(self, rank: int) -> tuple[int, ...]:
         a, b = self.shard_rows(rank)
         per = self.rows // self.shape[0]

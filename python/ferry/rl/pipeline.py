@@ -353,8 +353,8 @@ class WeightSender:
         for pi, (p, b) in enumerate(j.parts):
             if (b.name, b.row0) in self._mine:
                 sa, sb = b.shard_rows(self.rank)
-                a, e = max(sa, p.r0 - b.row0), min(sb, p.r1 - b.row0)
-                if a < e and not (j.owner != self.rank and _holds(b, j.owner, a, e)):
+                a, e = b.held(self.rank, p)
+                if a < e and not (j.owner != self.rank and b.holds(j.owner, a, e)):
                     mine.append((pi, (b.name, b.row0), sb - sa, b.cols, a - sa, e - sa, p.c0, p.c1,
                                  a + b.row0 - p.r0, e + b.row0 - p.r0))
             if j.owner != self.rank:
@@ -362,9 +362,8 @@ class WeightSender:
             for k in b.mesh:
                 if k == self.rank:
                     continue
-                sa, sb = b.shard_rows(k)
-                a, e = max(sa, p.r0 - b.row0), min(sb, p.r1 - b.row0)
-                if a < e and not _holds(b, self.rank, a, e):
+                a, e = b.held(k, p)
+                if a < e and not b.holds(self.rank, a, e):
                     recv.append((pi, k, a + b.row0 - p.r0, e + b.row0 - p.r0))
         plan = self._plans[j.id] = (mine, recv)
         return plan
@@ -627,12 +626,6 @@ def _one_pass(j: S.Job) -> bool:
     up projections; not a 576-row MLA projection followed by another)."""
     return (len(j.parts) > 1 and len({b.dtype for _, b in j.parts}) == 1
             and all(p.rows % 128 == 0 for p, _ in j.parts[:-1]))
-
-
-def _holds(b: TrainerBlock, rank: int, a: int, e: int) -> bool:
-    """Whether `rank` holds rows [a, e) of block `b` itself."""
-    sa, sb = b.shard_rows(rank)
-    return sa <= a and e <= sb
 
 
 def _dtype_name(arr) -> str:

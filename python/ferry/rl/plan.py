@@ -79,8 +79,7 @@ def gather_bytes(s: S.Schedule, gpn: int):
             for k in b.mesh:
                 if k == j.owner:
                     continue
-                sa, sb = b.shard_rows(k)
-                a, e = max(sa, p.r0 - b.row0), min(sb, p.r1 - b.row0)
+                a, e = b.held(k, p)
                 if a >= e:
                     continue
                 n = (e - a) * p.cols * (b.row_bytes // b.cols)
