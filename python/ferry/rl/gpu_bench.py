@@ -164,7 +164,7 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                                                            peak_ring_bytes=st.peak_temp_bytes,
                                                            peak_cuda_above_base_bytes=st_extra,
                                                            bytes_written=st.bytes_written, writes=st.writes,
-                                                           jobs=st.jobs))
+                                                           jobs=st.jobs, submits=st.submits))
                 if step == steps - 1 and not args.resident:
                     # Stage 1's floor, same run: both trainers copy their offloaded shards
                     # to the GPU at once (they share the host link), nothing else.
@@ -440,6 +440,7 @@ def summarise(res):
         s["peak_cuda_above_base_bytes"] = max(r["steps"][best]["peak_cuda_above_base_bytes"] for r in tr)
         s["watermark_bytes"] = tr[0].get("watermark_bytes")
         s["bytes_written"] = sum(r["steps"][best]["bytes_written"] for r in tr)
+        s["jobs_submits"] = {r["rank"]: (r["steps"][best]["jobs"], r["steps"][best].get("submits")) for r in tr}
         prep = max(r["steps"][best]["stages"]["prepare"] for r in tr)
         s["step_minus_prepare_s"] = walls[best] - prep
         # device time of fusion and quantisation (markers around each job's conversion),

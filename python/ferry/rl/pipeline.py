@@ -33,6 +33,11 @@ from .quant import ITEMSIZE, np_dtype, quantize_np, quantize_torch, scale_shape
 IMM_DATA = 0x524C0000  # + step % 8
 IMM_ABORT = 0x524C0010  # + step % 8
 STEP_SLOTS = 8
+# Consecutive bf16 jobs of one owner that are written as they are (norms, router
+# weights: a few KiB each) run as one unit: one copy launch, one marker, one prepared
+# scatter. Each job's host work (~0.1 ms on a GPU) otherwise outweighs its bytes.
+UNIT_JOB_MAX_BYTES = 1 << 20
+UNIT_MAX_JOBS = 16
 _ROUTE = ferry.GroupRoute.shard_peers()
 
 
@@ -212,6 +217,7 @@ class StepStats:
     bytes_written: int = 0
     writes: int = 0
     jobs: int = 0
+    submits: int = 0  # prepared scatters posted (a unit of small jobs is one)
 
     def add(self, stage: str, label: str, t0: float, t1: float, base: float) -> None:
         self.stages[stage] += t1 - t0
@@ -294,18 +300,55 @@ class WeightSender:
         self._any_desc = {r: ferry.MrDesc.from_bytes(m.tensors[0].desc) for r, m in infs.items()}
         self.pool = self.backend.pool(self.watermark)
         self._h, _ = self.engine.register(self.pool)
-        self._prepared = {}
-        for j in self.schedule.owned(self.rank):
-            dsts = []
-            for w in j.writes:
-                desc, off = where[(w.rank, w.tensor)]
-                dsts.append(ferry.ScatterDst(w.length, j.pool_offset + j.out_offset + w.src, desc, off + w.dst_offset))
-            self._prepared[j.id] = self.engine.prepare_scatter(self._h, dsts, route=_ROUTE)
-        # every view of the ring a job uses, made once: per step only the shards' change
-        self._views = {j.id: self._ring_views(j) for j in self.schedule.owned(self.rank)}
         self._mine = {(b.name, b.row0): b for b in self.blocks}
         self._plans: dict = {}
+        self._units, self._head = self._make_units()
+        self._prepared = {}
+        for head, unit in self._units.items():
+            dsts = []
+            for j in unit:
+                for w in j.writes:
+                    desc, off = where[(w.rank, w.tensor)]
+                    dsts.append(ferry.ScatterDst(w.length, j.pool_offset + j.out_offset + w.src, desc,
+                                                 off + w.dst_offset))
+            self._prepared[head] = self.engine.prepare_scatter(self._h, dsts, route=_ROUTE)
+        # every view of the ring a job uses, made once: per step only the shards' change
+        self._views = {j.id: self._ring_views(j) for j in self.schedule.owned(self.rank)}
         return self.schedule
+
+    def _make_units(self):
+        """{head job id: the jobs run as one unit}, {job id: its unit's head}: every owned
+        job alone, except runs of small jobs written as they are (UNIT_JOB_MAX_BYTES)
+        that receive no rows, none reusing another's ring memory, consecutive in this
+        rank's sequence but for jobs it has nothing to do for (another rank's direct
+        jobs). A unit runs at its first job, so later members move ahead of those jobs;
+        with no exchange on either side, no other rank can tell."""
+        jobs, me = self.schedule.jobs, self.rank
+        units: dict = {}
+        run: list = []
+
+        def close() -> None:
+            if run:
+                units[run[0].id] = list(run)
+                run.clear()
+
+        for _, ids in self.schedule.rank_sequence(me):
+            for jid in ids:
+                j = jobs[jid]
+                if j.owner != me and not self._plan(j)[0]:
+                    continue  # nothing to send: no part of this rank's sequence
+                small = (j.owner == me and j.passthrough and j.footprint <= UNIT_JOB_MAX_BYTES
+                         and not self._plan(j)[1])
+                if small and run and len(run) < UNIT_MAX_JOBS and not set(j.wait_for) & {r.id for r in run}:
+                    run.append(j)
+                    continue
+                close()
+                if small:
+                    run.append(j)
+                elif j.owner == me:
+                    units[jid] = [j]
+            close()
+        return units, {j.id: head for head, unit in units.items() for j in unit}
 
     def _ring_views(self, j: S.Job):
         """(the parts where they are gathered, back to back; per part its rows of the
@@ -400,45 +443,48 @@ class WeightSender:
         base_ns = time.monotonic_ns()
         deadline = time.monotonic() + timeout
         left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
-        inflight: dict[int, tuple[Any, S.Job, float]] = {}
+        inflight: dict[int, tuple[Any, str, float]] = {}  # unit head -> (transfer, label, posted at)
         done_at: dict[int, float] = {}
         live = 0
-        # The job converted last, posted once the next one is issued: the device works on
-        # the next job while this thread waits for the last one's marker (one job ahead).
-        pending: list = []  # [(jid, job, t_converted_from, marker)]
-        marks: list = []  # (job, crossed, m0, m1, m2): device time of each stage after the step
+        # The unit converted last, posted once the next one is issued: the device works on
+        # the next unit while this thread waits for the last one's marker (one ahead).
+        pending: list = []  # [(head, label, t_converted_from, marker)]
+        marks: list = []  # (crossed, m0, m1, m2): device time of each stage after the step
         prep_end = 0.0
+        units, head_of = self._units, self._head
 
-        def finish(jid: int) -> None:
+        def finish(head: int) -> None:
             nonlocal live
-            tr, j, t_post = inflight.pop(jid)
+            tr, label, t_post = inflight.pop(head)
             try:
                 tr.result(timeout=left())
             except TimeoutError as e:
-                raise ferry.Timeout(f"step {step}: writes of {j.recipe} not complete by the deadline") from e
-            st.add("write", j.recipe, t_post, done_at.get(jid, time.perf_counter()), base)
-            live -= j.footprint
+                raise ferry.Timeout(f"step {step}: writes of {label} not complete by the deadline") from e
+            st.add("write", label, t_post, done_at.get(head, time.perf_counter()), base)
+            live -= sum(j.footprint for j in units[head])
 
         def post() -> None:
             nonlocal prep_end
-            jid, j, t3, mark = pending.pop()
+            head, label, t3, mark = pending.pop()
             if mark is None:
                 be.sync()
             else:
                 be.wait(mark)
             t4 = time.perf_counter()
-            st.add("prepare", j.recipe, max(t3, prep_end), t4, base)
+            st.add("prepare", label, max(t3, prep_end), t4, base)
             prep_end = t4
-            tr = self.engine.submit(self._prepared[jid], imm=data_imm(step))
-            tr.add_done_callback(lambda _f, jid=jid: done_at.__setitem__(jid, time.perf_counter()))
+            tr = self.engine.submit(self._prepared[head], imm=data_imm(step))
+            tr.add_done_callback(lambda _f, h=head: done_at.__setitem__(h, time.perf_counter()))
             t5 = time.perf_counter()
-            st.add("post", j.recipe, t4, t5, base)
-            inflight[jid] = (tr, j, t5)
-            st.jobs += 1
-            st.writes += len(j.writes)
-            st.bytes_written += j.sent_bytes
-            if self.after_post:
-                self.after_post(step, jid)
+            st.add("post", label, t4, t5, base)
+            inflight[head] = (tr, label, t5)
+            st.submits += 1
+            for j in units[head]:
+                st.jobs += 1
+                st.writes += len(j.writes)
+                st.bytes_written += j.sent_bytes
+                if self.after_post:
+                    self.after_post(step, j.id)
 
         for group, ids in s.rank_sequence(me):
             for jid in ids:
@@ -451,30 +497,36 @@ class WeightSender:
                     if sent:
                         st.add("send", j.recipe, t0, time.perf_counter(), base)
                     continue
+                if head_of[jid] != jid:
+                    continue  # run with its unit, at the unit's first job
+                unit = units[jid]
+                label = j.recipe if len(unit) == 1 else f"{j.recipe} +{len(unit) - 1}"
                 t0 = time.perf_counter()
-                for w in j.wait_for:
-                    if pending and pending[0][0] == w:
+                for w in (w for u in unit for w in u.wait_for):
+                    h = head_of.get(w, w)
+                    if pending and pending[0][0] == h:
                         post()
-                    if w in inflight:
-                        finish(w)
-                live += j.footprint
+                    if h in inflight:
+                        finish(h)
+                live += sum(u.footprint for u in unit)
                 st.peak_temp_bytes = max(st.peak_temp_bytes, live)
                 t1 = time.perf_counter()
-                st.add("wait_memory", j.recipe, t0, t1, base)
+                st.add("wait_memory", label, t0, t1, base)
                 m0 = be.record(timing=True) if self.gpu_timing else None
-                views = self._in_place(j, shards)
+                views = self._in_place(j, shards) if len(unit) == 1 else None
                 in_place, crossed, t3 = views is not None, False, t1
                 if not in_place:
-                    views, crossed, t3 = self._gather(j, shards, step, st, t1, base, left)
+                    crossed, t3 = self._gather(unit, label, shards, step, st, t1, base, left)
+                    views = self._views[jid][0]
                 m1 = be.record(timing=True) if self.gpu_timing else None
-                if not j.passthrough:
+                if not j.passthrough:  # a unit of several is all passthrough
                     self._convert(j, views, back_to_back=not in_place)
                 mark = be.record(timing=self.gpu_timing)
                 if self.gpu_timing:
-                    marks.append((j, crossed, m0, m1, mark))
+                    marks.append((crossed, m0, m1, mark))
                 if pending:
                     post()
-                pending.append((jid, j, t3, mark))
+                pending.append((jid, label, t3, mark))
             if pending:
                 post()
             for jid in list(inflight):
@@ -484,7 +536,7 @@ class WeightSender:
             self.ex.barrier(self.trainer_ranks, left())
             st.add("barrier", group, t0, time.perf_counter(), base)
         st.wall_s = time.perf_counter() - base
-        for j, crossed, m0, m1, m2 in marks:  # every marker is complete: the writes were posted after them
+        for crossed, m0, m1, m2 in marks:  # every marker is complete: the writes were posted after them
             st.gpu["h2d" if crossed else "gather"] += be.elapsed(m0, m1)
             st.gpu["convert"] += be.elapsed(m1, m2)
         self._trace(st, base_ns)
@@ -505,37 +557,40 @@ class WeightSender:
             views[pi] = piece
         return views if all(v is not None for v in views) else None
 
-    def _gather(self, j: S.Job, shards, step: int, st: StepStats, t1: float, base: float, left):
-        """The job's rows into its ring memory: this rank's own (one copy call; stage 1
-        when they are offloaded), then the other ranks' (gathered jobs). Returns the
-        parts' views there and the time it ended."""
+    def _gather(self, unit, label: str, shards, step: int, st: StepStats, t1: float, base: float, left):
+        """The unit's rows into its jobs' ring memory: this rank's own (one copy call for
+        the unit; stage 1 when they are offloaded), then the other ranks' (gathered
+        jobs). Returns whether any copy crossed from the host, and the time it ended."""
         be = self.backend
-        views = self._views[j.id][0]
         dsts, srcs = [], []
-        for pi, a, e, piece in self._pieces(j, shards):
-            dsts.append(views[pi][a:e])
-            srcs.append(piece)
+        for j in unit:
+            views = self._views[j.id][0]
+            for pi, a, e, piece in self._pieces(j, shards):
+                dsts.append(views[pi][a:e])
+                srcs.append(piece)
         be.copy_many(dsts, srcs)
         crossed = any(be.crosses(x) for x in srcs)
         if crossed:  # this rank's own offloaded rows: stage 1 (issued; its device time from the markers)
             th = time.perf_counter()
-            st.add("h2d", j.recipe, t1, th, base)
+            st.add("h2d", label, t1, th, base)
             t1 = th
         uploads = []
-        for pi, k, a, e in self._plan(j)[1]:
-            dst = views[pi][a:e]
-            host = be.recv_buffer(dst)
-            self.ex.recv(self.trainer_ranks[k], _tag(step, j.id, pi), host, left())
-            uploads.append((host, dst))
+        for j in unit:
+            views = self._views[j.id][0]
+            for pi, k, a, e in self._plan(j)[1]:
+                dst = views[pi][a:e]
+                host = be.recv_buffer(dst)
+                self.ex.recv(self.trainer_ranks[k], _tag(step, j.id, pi), host, left())
+                uploads.append((host, dst))
         t2 = time.perf_counter()
         if uploads or not crossed:
-            st.add("gather", j.recipe, t1, t2, base)
+            st.add("gather", label, t1, t2, base)
         for host, dst in uploads:
             be.upload(host, dst)
         t3 = time.perf_counter()
         if uploads:
-            st.add("h2d", j.recipe, t2, t3, base)
-        return views, crossed, t3
+            st.add("h2d", label, t2, t3, base)
+        return crossed, t3
 
     def _convert(self, j: S.Job, views, back_to_back: bool = True) -> None:
         """Fusion and quantisation of the parts (`views`; gathered into the ring back to

@@ -105,7 +105,7 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
                     return
             direct = sum(len(j.holders) == 1 and len(j.mesh) > 1 for j in sched.jobs)
             results.put(("trainer", idx, "ok", [(s.wall_s, s.stages, s.peak_temp_bytes, s.jobs, s.writes,
-                                                 len(s.events)) for s in stats],
+                                                 len(s.events), s.submits) for s in stats],
                          (sched.digest(), len(sched.jobs), direct)))
         else:
             recipes = M.inference_recipes(cfg, il, idx)

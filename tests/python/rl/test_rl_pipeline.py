@@ -82,11 +82,14 @@ def test_two_trainers_two_inference_bit_exact(tmp_path, mode):
         assert any("qkv_proj.weight_scale_inv" in n for n in names)  # fused and quantised
         assert any("w13_weight" in n for n in names) and any("gate_up_proj" in n for n in names)
     for r in tr:
-        for wall, stages, peak, jobs, writes, nev in r[3]:
+        for wall, stages, peak, jobs, writes, nev, submits in r[3]:
             if mode == "direct":  # nothing sent to another trainer
                 assert stages["send"] == 0, stages
             assert 0 < peak <= CASE["watermark"]
             assert jobs > 0 and writes >= jobs and nev > 0
+            assert 0 < submits <= jobs
+            if mode != "gather":  # runs of norms that receive no rows: one prepared scatter each
+                assert submits < jobs, (submits, jobs)
     assert all(p.exitcode == 0 for p in procs)
     # Each trainer's stages went into its engine's trace, beside the engine's own spans
     # of the scatters they posted: one span per stage event and one per step.
