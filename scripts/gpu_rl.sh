@@ -22,18 +22,22 @@ rc=0
 # RL_RUNS: configurations of the bench, each into $OUT/<name>: offload (the shards in
 # pinned host memory, FSDP2's CPU offload), resident (in GPU memory), and either with
 # -gather (every job gathered on one owner, the seed's full_tensor way) for the A/B;
-# fsdp2 (fsdp2-resident): the shards of transformers' Qwen3 under fully_shard.
+# fsdp2 (fsdp2-resident): the shards of transformers' Qwen3 under fully_shard; a
+# "-graphs" suffix (before "-mps") replays the first step's device work as CUDA graphs.
 # A "-mps" suffix runs that configuration under MPS (the four processes' kernels share
 # the GPU instead of taking turns as separate contexts).
 for run in ${RL_RUNS:-offload}; do
-  mps=""
+  mps="" graphs=""
   case $run in *-mps) mps=1 ;; esac
-  case ${run%-mps} in
+  base=${run%-mps}
+  case $base in *-graphs) graphs="--graphs"; base=${base%-graphs} ;; esac
+  case $base in
     offload) args="" ;; offload-gather) args="--gather" ;;
     resident) args="--resident" ;; resident-gather) args="--resident --gather" ;;
     fsdp2) args="--fsdp2" ;; fsdp2-resident) args="--fsdp2 --resident" ;;
     *) echo "unknown RL_RUNS entry $run" >&2; rc=1; continue ;;
   esac
+  args="$args $graphs"
   mkdir -p "$OUT/$run"
   echo "== $run: gpu_bench $args" | tee -a "$OUT/gpu-bench.txt"
   if [ -n "$mps" ]; then

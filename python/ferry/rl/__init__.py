@@ -6,9 +6,11 @@ memory of inference ranks with one-sided writes, on a static schedule (docs/RL.m
     receiver = rl.WeightReceiver(engine, exchange, rank, tensors, recipes)  # inference
 
 Submodules: ``meta`` (what both sides publish), ``model`` (per-model mappings),
-``quant`` (fp8 e4m3 128x128 block quantisation), ``schedule`` (the static schedule),
-``exchange`` (rendezvous: torch.distributed or plain callables), ``pipeline`` (the
-per-step pipeline), ``plan`` (``python -m ferry.rl.plan``: the cluster-scale planner).
+``quant`` (fp8 e4m3 128x128 block quantisation; ``quant_triton``: the same in one CUDA
+kernel), ``schedule`` (the static schedule), ``exchange`` (rendezvous: torch.distributed
+or plain callables), ``backends`` (staging memory and device work: NumPy, torch),
+``pipeline`` (the per-step pipeline), ``fsdp`` (blocks and shards of an FSDP2 module),
+``plan`` (``python -m ferry.rl.plan``: the cluster-scale planner).
 """
 
 from __future__ import annotations

@@ -75,7 +75,8 @@ def reference(torch, cfg, recipes, step, device):
 
 
 def worker(rank: int, port: int, args, out_dir: str) -> None:
-    result = {"rank": rank, "mode": dict(resident=args.resident, gather=args.gather, fsdp2=args.fsdp2)}
+    result = {"rank": rank, "mode": dict(resident=args.resident, gather=args.gather, fsdp2=args.fsdp2,
+                                         graphs=args.graphs)}
     try:
         import torch
         import torch.distributed as dist
@@ -84,7 +85,8 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
 
         from .exchange import TorchExchange
         from .meta import rows_cols
-        from .pipeline import TorchBackend, WeightReceiver, WeightSender, chrome_trace
+        from .backends import TorchBackend
+        from .pipeline import WeightReceiver, WeightSender, chrome_trace
 
         dev = torch.device(f"cuda:{args.gpu_of[rank]}")
         torch.cuda.set_device(dev)
@@ -120,26 +122,29 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                 blocks = [b for b in M.trainer_blocks(cfg, tl) if rank in b.mesh]
             snd = WeightSender(eng, ex, rank=rank, blocks=blocks, trainer_ranks=range(T),
                                inference_ranks=range(T, 4), watermark=args.watermark_mb << 20, backend=be,
-                               direct=not args.gather, gpu_timing=not os.environ.get("FERRY_RL_NO_GPU_TIMING"))
+                               direct=not args.gather, gpu_timing=not os.environ.get("FERRY_RL_NO_GPU_TIMING"),
+                               graphs=args.graphs)
             t0 = time.perf_counter()
             sched = snd.setup(120)
             result["setup_s"] = time.perf_counter() - t0
             result["jobs_owned"] = len(sched.owned(rank))
             result["writes_owned"] = sched.writes_of(rank)
             stats = []
+            result["graphs"] = []  # per step: whether it replayed graphs
+            # the shards stay where they are between steps, as a trainer's parameters do:
+            # each step's weights are written into them (the optimiser's update)
+            shards = module_shards if args.fsdp2 else {}
             for step in range(steps):
-                shards = {}
                 for b in blocks:
                     a, e = b.shard_rows(rank)
                     w = gen(torch, b.name, b.shape, b.dtype, step, dev).reshape(rows_cols(b.shape))
-                    if args.fsdp2:  # the optimiser's update, in place in the module's shards
+                    key = (b.name, b.row0)
+                    if key in shards:
                         with torch.no_grad():
-                            module_shards[(b.name, b.row0)].copy_(w[a:e])
+                            shards[key].copy_(w[a:e])
                     else:
-                        shards[(b.name, b.row0)] = w[a:e].clone() if args.resident else w[a:e].cpu().pin_memory()
+                        shards[key] = w[a:e].clone() if args.resident else w[a:e].cpu().pin_memory()
                     del w
-                if args.fsdp2:
-                    shards = module_shards
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
@@ -150,6 +155,7 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                     prof = cProfile.Profile()
                     prof.enable()
                 st = snd.step(step, shards, 120)
+                result["graphs"].append(dict(replayed=st.replayed, error=snd.graph_error))
                 if prof is not None:
                     import io
                     import pstats
@@ -180,7 +186,6 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                     result["h2d_bytes"] = sum(t.numel() * t.element_size() for t in shards.values())
                     ex.barrier(range(T), 120)
                     del slab
-                del shards
             chrome_trace(stats[-1:], os.path.join(out_dir, f"rl-trace-rank{rank}.json"))
             result["watermark_bytes"] = args.watermark_mb << 20
             result["sent_bytes"] = sched.sent_bytes(rank)
@@ -382,6 +387,8 @@ def main(argv=None) -> int:
     ap.add_argument("--resident", action="store_true", help="trainer shards in GPU memory (no CPU offload)")
     ap.add_argument("--gather", action="store_true", help="every job gathered on one owner (the seed's "
                     "full_tensor way) instead of direct writes of each rank's own rows")
+    ap.add_argument("--graphs", action="store_true", help="from the second step, replay the first step's device "
+                    "work as CUDA graphs (WeightSender(graphs=True))")
     ap.add_argument("--fsdp2", action="store_true", help="trainer shards of a transformers Qwen3 (dense) that "
                     "fully_shard (FSDP2) sharded over the trainers, CPU offload unless --resident")
     ap.add_argument("--baselines", default="gloo", help="rank-0 gather + broadcast over: gloo, nccl "
@@ -472,6 +479,8 @@ def summarise(res):
         if nccl:
             s["baseline_nccl_gather_broadcast_s"] = nccl
             s["speedup_vs_nccl_baseline"] = nccl / walls[best]
+    if any(r.get("mode", {}).get("graphs") for r in tr):
+        s["graphs"] = {r["rank"]: r.get("graphs") for r in tr}
     f2 = next((r["fsdp2"] for r in res if "fsdp2" in r), None)
     if f2:
         s["fsdp2"] = f2

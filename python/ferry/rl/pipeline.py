@@ -21,14 +21,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-import numpy as np
-
 import ferry
 
 from . import schedule as S
 from .meta import InferenceMeta, InferenceTensor, Recipe, TrainerBlock, TrainerMeta
-from . import quant_triton
-from .quant import ITEMSIZE, np_dtype, quantize_np, quantize_torch, scale_shape
+from .backends import NumpyBackend, TorchBackend
+from .quant import ITEMSIZE, scale_shape
+
+__all__ = ["NumpyBackend", "TorchBackend", "StepStats", "WeightReceiver", "WeightSender", "chrome_trace",
+           "data_imm", "abort_imm"]
 
 IMM_DATA = 0x524C0000  # + step % 8
 IMM_ABORT = 0x524C0010  # + step % 8
@@ -55,153 +56,6 @@ def _tag(step: int, jid: int, part: int) -> int:
     return ((step & 0x1F) << 22) | (jid << 6) | part
 
 
-class NumpyBackend:
-    """Host memory: staging and shards are NumPy arrays (bf16 / fp8 via ml_dtypes)."""
-
-    def pool(self, n: int):
-        return np.zeros(n, dtype=np.uint8)
-
-    def view(self, pool, off: int, shape, dtype: str):
-        n = int(np.prod(shape)) * ITEMSIZE[dtype]
-        return pool[off:off + n].view(np_dtype(dtype)).reshape(shape)
-
-    def rows(self, shard, rows: int, cols: int):
-        return shard.reshape(rows, cols)
-
-    def recv_buffer(self, dst):
-        return dst
-
-    def upload(self, host, dst) -> None:
-        if host is not dst:
-            dst[...] = host
-
-    def copy(self, dst, src) -> None:
-        dst[...] = src
-
-    def crosses(self, src) -> bool:
-        """Whether copying `src` into the staging memory is a host-to-device copy."""
-        return False
-
-    def copy_many(self, dsts, srcs) -> None:
-        for d, s in zip(dsts, srcs):
-            self.copy(d, s)
-
-    def quantize(self, src, q, s) -> None:
-        qq, ss = quantize_np(src)
-        q[...] = qq
-        s[...] = ss
-
-    def reads_in_place(self, src) -> bool:
-        """Whether conversion may read `src` where it lies (no copy into staging first)."""
-        return True
-
-    def sync(self) -> None:
-        pass
-
-    def begin(self) -> None:
-        pass
-
-    def record(self, timing: bool = False):
-        """A marker after the work issued so far (None: host work is done when issued)."""
-        return None
-
-    def wait(self, ev) -> None:
-        pass
-
-    def elapsed(self, e0, e1) -> float:
-        return 0.0
-
-    def byte_view(self, arr):
-        return arr.reshape(-1).view(np.uint8)
-
-
-class TorchBackend:
-    """Staging memory on `device` (a torch device); shards are torch tensors on the
-    CPU (offloaded: gathered there, then copied to the device) or on the device."""
-
-    def __init__(self, device: str = "cuda"):
-        import torch
-
-        self.torch = torch
-        self.device = torch.device(device)
-        self._stream = None  # begin(): the step's stream; None records on the current one
-        self.dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32,
-                       "float8_e4m3fn": torch.float8_e4m3fn, "float16": torch.float16}
-
-    def pool(self, n: int):
-        return self.torch.zeros(n, dtype=self.torch.uint8, device=self.device)
-
-    def view(self, pool, off, shape, dtype):
-        n = int(np.prod(shape)) * ITEMSIZE[dtype]
-        return pool[off:off + n].view(self.dtypes[dtype]).view(tuple(shape))
-
-    def rows(self, shard, rows, cols):
-        return shard.reshape(rows, cols)
-
-    def recv_buffer(self, dst):
-        if dst.device.type == "cpu":
-            return dst
-        return self.torch.empty(dst.shape, dtype=dst.dtype, pin_memory=True)
-
-    def upload(self, host, dst) -> None:
-        if host is not dst:
-            dst.copy_(host, non_blocking=True)
-
-    def copy(self, dst, src) -> None:
-        dst.copy_(src, non_blocking=True)
-
-    def crosses(self, src) -> bool:
-        return src.device.type == "cpu" and self.device.type != "cpu"
-
-    def copy_many(self, dsts, srcs) -> None:
-        # one multi-tensor launch for a job's pieces (16 per expert job) rather than one each
-        if len(dsts) > 1 and hasattr(self.torch, "_foreach_copy_"):
-            try:
-                self.torch._foreach_copy_(dsts, srcs, non_blocking=True)
-                return
-            except (RuntimeError, TypeError):  # a mix it does not take: one by one
-                pass
-        for d, s in zip(dsts, srcs):
-            self.copy(d, s)
-
-    def quantize(self, src, q, s) -> None:
-        if quant_triton.available(src):  # one launch, no temporaries
-            quant_triton.quantize_into(src, q, s)
-            return
-        qq, ss = quantize_torch(src)
-        q.copy_(qq)
-        s.copy_(ss)
-
-    def reads_in_place(self, src) -> bool:
-        return src.device == self.device
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            self.torch.cuda.current_stream(self.device).synchronize()
-
-    def begin(self) -> None:
-        """At a step's start: the stream it runs on (looked up once, not per marker)."""
-        self._stream = self.torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-
-    def record(self, timing: bool = False):
-        if self.device.type != "cuda":
-            return None
-        ev = self.torch.cuda.Event(enable_timing=timing)
-        ev.record(self._stream)
-        return ev
-
-    def wait(self, ev) -> None:
-        if ev is not None:
-            ev.synchronize()
-
-    def elapsed(self, e0, e1) -> float:
-        """GPU seconds between two markers (both complete)."""
-        return 0.0 if e0 is None or e1 is None else e0.elapsed_time(e1) / 1e3
-
-    def byte_view(self, t):
-        return t.reshape(-1).view(self.torch.uint8)
-
-
 @dataclass
 class StepStats:
     """One trainer rank's step: wall time, per-stage busy time, the timeline."""
@@ -218,6 +72,7 @@ class StepStats:
     writes: int = 0
     jobs: int = 0
     submits: int = 0  # prepared scatters posted (a unit of small jobs is one)
+    replayed: bool = False  # the device work was a replay of captured graphs
 
     def add(self, stage: str, label: str, t0: float, t1: float, base: float) -> None:
         self.stages[stage] += t1 - t0
@@ -270,7 +125,7 @@ class WeightSender:
                  trainer_ranks: Sequence[int], inference_ranks: Sequence[int], watermark: int,
                  backend: Any = None, controller: int = 0,
                  after_post: Optional[Callable[[int, int], None]] = None, direct: bool = True,
-                 direct_min_bytes: int = S.DIRECT_MIN_BYTES, gpu_timing: bool = False):
+                 direct_min_bytes: int = S.DIRECT_MIN_BYTES, gpu_timing: bool = False, graphs: bool = False):
         self.engine, self.ex, self.rank = engine, exchange, rank
         # direct writes (schedule.build); the controller's choice holds
         self.direct, self.direct_min_bytes = direct, direct_min_bytes
@@ -281,6 +136,11 @@ class WeightSender:
         self.controller = controller
         self.after_post = after_post
         self.gpu_timing = gpu_timing  # device time of each stage, from markers (StepStats.gpu)
+        # graphs: after the first step, replay its device work as CUDA graphs while the shards
+        # stay where they are (a trainer's parameters do), where no step exchanges rows
+        self.graphs = graphs
+        self._graphs = self._graph_key = None
+        self.graph_error: Optional[str] = None  # why capturing failed (the steps stay eager)
         self.schedule: Optional[S.Schedule] = None
 
     def setup(self, timeout: float = 60.0) -> S.Schedule:
@@ -314,7 +174,29 @@ class WeightSender:
             self._prepared[head] = self.engine.prepare_scatter(self._h, dsts, route=_ROUTE)
         # every view of the ring a job uses, made once: per step only the shards' change
         self._views = {j.id: self._ring_views(j) for j in self.schedule.owned(self.rank)}
+        jobs = self.schedule.jobs
+        seq = [jobs[jid] for _, ids in self.schedule.rank_sequence(self.rank) for jid in ids]
+        self._graphable = self.backend.can_capture() and all(
+            not self._plan(j)[1] if j.owner == self.rank else not self._plan(j)[0] for j in seq)
+        self._shard_keys = sorted({p[1] for j in seq for p in self._plan(j)[0]})
+        self._segments = self._make_segments()
         return self.schedule
+
+    def _make_segments(self):
+        """[(MeshGroup, unit heads, heads whose writes must be done first)]: each MeshGroup's
+        units in order, cut before every unit that reuses ring memory."""
+        segs: list = []
+        for group, ids in self.schedule.rank_sequence(self.rank):
+            cur: list = []
+            for jid in ids:
+                if self._head.get(jid) != jid:
+                    continue
+                waits = {self._head.get(w, w) for u in self._units[jid] for w in u.wait_for}
+                if waits or not cur:
+                    cur = []
+                    segs.append((group, cur, waits))
+                cur.append(jid)
+        return segs
 
     def _make_units(self):
         """{head job id: the jobs run as one unit}, {job id: its unit's head}: every owned
@@ -436,55 +318,27 @@ class WeightSender:
                 pass
 
     def _step(self, step: int, shards: dict, timeout: float) -> StepStats:
+        if self._graphs is not None and self._graph_key == self._shard_key(shards):
+            return self._replay(step, timeout)
+        st = self._eager(step, shards, timeout)
+        if self.graphs and self._graphable and self.graph_error is None:
+            try:
+                self._capture(shards)
+            except (RuntimeError, TypeError, AttributeError) as e:  # this torch cannot: stay eager
+                self._graphs, self.graph_error = None, f"{type(e).__name__}: {e}"
+                self.backend.begin()
+        return st
+
+    def _eager(self, step: int, shards: dict, timeout: float) -> StepStats:
         s, be, me = self.schedule, self.backend, self.rank
         be.begin()
-        st = StepStats(me, step)
-        base = time.perf_counter()
-        base_ns = time.monotonic_ns()
-        deadline = time.monotonic() + timeout
-        left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
-        inflight: dict[int, tuple[Any, str, float]] = {}  # unit head -> (transfer, label, posted at)
-        done_at: dict[int, float] = {}
-        live = 0
+        run = _StepRun(self, step, timeout)
+        st = run.st
         # The unit converted last, posted once the next one is issued: the device works on
         # the next unit while this thread waits for the last one's marker (one ahead).
         pending: list = []  # [(head, label, t_converted_from, marker)]
         marks: list = []  # (crossed, m0, m1, m2): device time of each stage after the step
-        prep_end = 0.0
         units, head_of = self._units, self._head
-
-        def finish(head: int) -> None:
-            nonlocal live
-            tr, label, t_post = inflight.pop(head)
-            try:
-                tr.result(timeout=left())
-            except TimeoutError as e:
-                raise ferry.Timeout(f"step {step}: writes of {label} not complete by the deadline") from e
-            st.add("write", label, t_post, done_at.get(head, time.perf_counter()), base)
-            live -= sum(j.footprint for j in units[head])
-
-        def post() -> None:
-            nonlocal prep_end
-            head, label, t3, mark = pending.pop()
-            if mark is None:
-                be.sync()
-            else:
-                be.wait(mark)
-            t4 = time.perf_counter()
-            st.add("prepare", label, max(t3, prep_end), t4, base)
-            prep_end = t4
-            tr = self.engine.submit(self._prepared[head], imm=data_imm(step))
-            tr.add_done_callback(lambda _f, h=head: done_at.__setitem__(h, time.perf_counter()))
-            t5 = time.perf_counter()
-            st.add("post", label, t4, t5, base)
-            inflight[head] = (tr, label, t5)
-            st.submits += 1
-            for j in units[head]:
-                st.jobs += 1
-                st.writes += len(j.writes)
-                st.bytes_written += j.sent_bytes
-                if self.after_post:
-                    self.after_post(step, j.id)
 
         for group, ids in s.rank_sequence(me):
             for jid in ids:
@@ -495,28 +349,26 @@ class WeightSender:
                         self.ex.send(self.trainer_ranks[j.owner], _tag(step, jid, pi), piece)
                         sent = True
                     if sent:
-                        st.add("send", j.recipe, t0, time.perf_counter(), base)
+                        run.add("send", j.recipe, t0, time.perf_counter())
                     continue
                 if head_of[jid] != jid:
                     continue  # run with its unit, at the unit's first job
                 unit = units[jid]
-                label = j.recipe if len(unit) == 1 else f"{j.recipe} +{len(unit) - 1}"
+                label = _label(unit)
                 t0 = time.perf_counter()
                 for w in (w for u in unit for w in u.wait_for):
                     h = head_of.get(w, w)
                     if pending and pending[0][0] == h:
-                        post()
-                    if h in inflight:
-                        finish(h)
-                live += sum(u.footprint for u in unit)
-                st.peak_temp_bytes = max(st.peak_temp_bytes, live)
+                        run.post(*pending.pop())
+                    run.finish(h)
+                run.hold(jid)
                 t1 = time.perf_counter()
-                st.add("wait_memory", label, t0, t1, base)
+                run.add("wait_memory", label, t0, t1)
                 m0 = be.record(timing=True) if self.gpu_timing else None
                 views = self._in_place(j, shards) if len(unit) == 1 else None
                 in_place, crossed, t3 = views is not None, False, t1
                 if not in_place:
-                    crossed, t3 = self._gather(unit, label, shards, step, st, t1, base, left)
+                    crossed, t3 = self._gather(unit, label, shards, step, st, t1, run.base, run.left)
                     views = self._views[jid][0]
                 m1 = be.record(timing=True) if self.gpu_timing else None
                 if not j.passthrough:  # a unit of several is all passthrough
@@ -525,22 +377,92 @@ class WeightSender:
                 if self.gpu_timing:
                     marks.append((crossed, m0, m1, mark))
                 if pending:
-                    post()
+                    run.post(*pending.pop())
                 pending.append((jid, label, t3, mark))
             if pending:
-                post()
-            for jid in list(inflight):
-                finish(jid)
-            t0 = time.perf_counter()
-            self.ex.flush(left())
-            self.ex.barrier(self.trainer_ranks, left())
-            st.add("barrier", group, t0, time.perf_counter(), base)
-        st.wall_s = time.perf_counter() - base
+                run.post(*pending.pop())
+            run.end_group(group)
+        st.wall_s = time.perf_counter() - run.base
         for crossed, m0, m1, m2 in marks:  # every marker is complete: the writes were posted after them
             st.gpu["h2d" if crossed else "gather"] += be.elapsed(m0, m1)
             st.gpu["convert"] += be.elapsed(m1, m2)
-        self._trace(st, base_ns)
+        self._trace(st, run.base_ns)
         return st
+
+    # --- CUDA graphs: a step's device work captured once, replayed every step ------------
+
+    def _shard_key(self, shards) -> tuple:
+        """Where every shard the plans read lies: a graph replays only onto these."""
+        addr = self.backend.address
+        return tuple(addr(shards[k]) for k in self._shard_keys)
+
+    def _capture(self, shards) -> None:
+        """Capture the device work of every segment (units up to the next one that reuses
+        ring memory, within a MeshGroup) as a graph with a marker after each unit. Run
+        after an eager step, whose launches compiled every kernel; the engine is idle."""
+        be, graphs = self.backend, []
+        for group, heads, waits in self._segments:
+            g, ctx = be.capture()
+            with ctx:
+                be.begin()
+                marks = []
+                for h in heads:
+                    self._issue(self._units[h], shards)
+                    marks.append(be.marker_in_graph())
+            graphs.append((group, heads, waits, g, marks))
+        be.begin()
+        self._graphs, self._graph_key = graphs, self._shard_key(shards)
+
+    def _replay(self, step: int, timeout: float) -> StepStats:
+        """A step as graph replays: per segment, wait for the writes of the units whose
+        ring memory it reuses, launch it (one call), post each unit as its marker passes."""
+        be = self.backend
+        be.begin()
+        run = _StepRun(self, step, timeout)
+        st = run.st
+        st.replayed = True
+        graphs = self._graphs
+        for i, (group, heads, waits, g, marks) in enumerate(graphs):
+            t0 = time.perf_counter()
+            for h in waits:
+                run.finish(h)
+            for h in heads:
+                run.hold(h)
+            t1 = time.perf_counter()
+            run.add("wait_memory", _label(self._units[heads[0]]), t0, t1)
+            ev0 = be.record(timing=True) if self.gpu_timing else None
+            be.replay(g)
+            ev1 = be.record(timing=True) if self.gpu_timing else None
+            t2 = time.perf_counter()
+            run.add("gather", f"graph {i} ({len(heads)} units)", t1, t2)
+            for h, m in zip(heads, marks):
+                run.post(h, _label(self._units[h]), t2, m)
+            if ev0 is not None:
+                run.timed.append((ev0, ev1))
+            if i + 1 == len(graphs) or graphs[i + 1][0] != group:
+                run.end_group(group)
+        st.wall_s = time.perf_counter() - run.base
+        for e0, e1 in run.timed:  # the replays' device time: copies and conversion together
+            st.gpu["graph"] = st.gpu.get("graph", 0.0) + be.elapsed(e0, e1)
+        self._trace(st, run.base_ns)
+        return st
+
+    def _issue(self, unit, shards) -> None:
+        """A unit's device work alone (no waits, no exchange): what a graph captures."""
+        j = unit[0]
+        views = self._in_place(j, shards) if len(unit) == 1 else None
+        in_place = views is not None
+        if not in_place:
+            dsts, srcs = [], []
+            for u in unit:
+                uv = self._views[u.id][0]
+                for pi, a, e, piece in self._pieces(u, shards):
+                    dsts.append(uv[pi][a:e])
+                    srcs.append(piece)
+            self.backend.copy_many(dsts, srcs)
+            views = self._views[j.id][0]
+        if not j.passthrough:
+            self._convert(j, views, back_to_back=not in_place)
 
     def _in_place(self, j: S.Job, shards):
         """The job's parts where they lie in this rank's shards, when conversion can read
@@ -613,6 +535,83 @@ class WeightSender:
             self.engine.trace_span(f"step {st.step} {label}", base_ns + int(t0 * 1e9),
                                    base_ns + int(max(t1, t0) * 1e9), f"rl {stage}")
         self.engine.trace_span(f"step {st.step}", base_ns, base_ns + int(st.wall_s * 1e9), "rl step")
+
+
+class _StepRun:
+    """One step's bookkeeping, the eager and the replayed path alike: the units in
+    flight and the ring bytes they hold, the posts, the stage times."""
+
+    def __init__(self, sender: "WeightSender", step: int, timeout: float):
+        self.sender, self.step = sender, step
+        self.st = StepStats(sender.rank, step)
+        self.base = time.perf_counter()
+        self.base_ns = time.monotonic_ns()
+        self.deadline = time.monotonic() + timeout
+        self.inflight: dict[int, tuple[Any, str, float]] = {}  # unit head -> (transfer, label, posted at)
+        self.done_at: dict[int, float] = {}
+        self.live = 0
+        self.prep_end = 0.0
+        self.timed: list = []
+
+    def left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def add(self, stage: str, label: str, t0: float, t1: float) -> None:
+        self.st.add(stage, label, t0, t1, self.base)
+
+    def hold(self, head: int) -> None:
+        self.live += sum(j.footprint for j in self.sender._units[head])
+        self.st.peak_temp_bytes = max(self.st.peak_temp_bytes, self.live)
+
+    def finish(self, head: int) -> None:
+        """Wait for a posted unit's writes (nothing when it is not in flight)."""
+        if head not in self.inflight:
+            return
+        tr, label, t_post = self.inflight.pop(head)
+        try:
+            tr.result(timeout=self.left())
+        except TimeoutError as e:
+            raise ferry.Timeout(f"step {self.step}: writes of {label} not complete by the deadline") from e
+        self.add("write", label, t_post, self.done_at.get(head, time.perf_counter()))
+        self.live -= sum(j.footprint for j in self.sender._units[head])
+
+    def post(self, head: int, label: str, t_ready: float, mark) -> None:
+        """Post a unit's prepared scatter once its marker passed (stage `prepare` up to
+        then, from when it could start and the previous unit's was done)."""
+        snd, st, be = self.sender, self.st, self.sender.backend
+        if mark is None:
+            be.sync()
+        else:
+            be.wait(mark)
+        t4 = time.perf_counter()
+        self.add("prepare", label, max(t_ready, self.prep_end), t4)
+        self.prep_end = t4
+        tr = snd.engine.submit(snd._prepared[head], imm=data_imm(self.step))
+        tr.add_done_callback(lambda _f, h=head: self.done_at.__setitem__(h, time.perf_counter()))
+        t5 = time.perf_counter()
+        self.add("post", label, t4, t5)
+        self.inflight[head] = (tr, label, t5)
+        st.submits += 1
+        for j in snd._units[head]:
+            st.jobs += 1
+            st.writes += len(j.writes)
+            st.bytes_written += j.sent_bytes
+            if snd.after_post:
+                snd.after_post(self.step, j.id)
+
+    def end_group(self, group: str) -> None:
+        """Every write of the MeshGroup done, then the trainers' barrier."""
+        for h in list(self.inflight):
+            self.finish(h)
+        t0 = time.perf_counter()
+        snd = self.sender
+        snd.ex.flush(self.left())
+        snd.ex.barrier(snd.trainer_ranks, self.left())
+        self.add("barrier", group, t0, time.perf_counter())
+
+
+def _label(unit) -> str:
+    return unit[0].recipe if len(unit) == 1 else f"{unit[0].recipe} +{len(unit) - 1}"
 
 
 class WeightReceiver:

@@ -78,24 +78,35 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
                     if n[0] >= die[2]:
                         os._exit(17)  # a trainer dies mid-step
 
+            backend = None
+            if case.get("replay"):  # capture and replay, as CUDA graphs do, on host memory
+                from replay_backend import ReplayBackend
+
+                backend = ReplayBackend()
             snd = WeightSender(eng, ex, rank=idx, blocks=blocks, trainer_ranks=range(T),
                                inference_ranks=range(T, T + I), watermark=case["watermark"],
-                               after_post=after_post, **case.get("sender", {}))
+                               after_post=after_post, backend=backend, **case.get("sender", {}))
             try:
                 sched = snd.setup(case["timeout"])
             except ferry.FerryError as err:
                 results.put(("trainer", idx, "setup_error", type(err).__name__, str(err)))
                 return
             stats = []
+            shards: dict = {}
             for step in range(steps):
                 full = logical_weights(cfg, step)
-                shards = {}
+                if not case.get("replay"):  # fresh shard arrays every step; else written in place
+                    shards = {}
                 for b in blocks:
                     from ferry.rl.meta import rows_cols
 
                     a, e = b.shard_rows(idx)
                     w2 = full[b.name].reshape(rows_cols(full[b.name].shape))
-                    shards[(b.name, b.row0)] = np.ascontiguousarray(w2[b.row0 + a:b.row0 + e])
+                    new = w2[b.row0 + a:b.row0 + e]
+                    if (b.name, b.row0) in shards:
+                        shards[(b.name, b.row0)][...] = new
+                    else:
+                        shards[(b.name, b.row0)] = np.ascontiguousarray(new)
                 try:
                     ex.barrier(range(T + I), case["timeout"])  # the inference ranks are ready
                     t0 = time.monotonic()
@@ -105,7 +116,7 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
                     return
             direct = sum(len(j.holders) == 1 and len(j.mesh) > 1 for j in sched.jobs)
             results.put(("trainer", idx, "ok", [(s.wall_s, s.stages, s.peak_temp_bytes, s.jobs, s.writes,
-                                                 len(s.events), s.submits) for s in stats],
+                                                 len(s.events), s.submits, s.replayed) for s in stats],
                          (sched.digest(), len(sched.jobs), direct)))
         else:
             recipes = M.inference_recipes(cfg, il, idx)
