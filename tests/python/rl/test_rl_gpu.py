@@ -39,3 +39,17 @@ def test_gpu_bench_fsdp2_module_offloaded_bit_exact(tmp_path):
     assert s["fsdp2"]["offload"] is True and s["fsdp2"]["parameters"] > 100_000_000
     assert s["fsdp2"]["shards_are_module_memory"] is True
     assert s["peak_ring_bytes"] <= s["watermark_bytes"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_gpu_bench_graph_replays_bit_exact(tmp_path):
+    """Resident shards written in place: steps after the first replay CUDA graphs."""
+    pytest.importorskip("ml_dtypes")
+    from ferry.rl import gpu_bench
+
+    rc = gpu_bench.main(["--out", str(tmp_path), "--steps", "3", "--deadline", "180", "--resident", "--graphs"])
+    s = json.loads((tmp_path / "rl-gpu-summary.json").read_text())["summary"]
+    assert rc == 0, s.get("errors")
+    assert s["bit_exact"] is True
+    for rank, steps in s["graphs"].items():
+        assert [g["replayed"] for g in steps] == [False, True, True], (rank, steps)
