@@ -10,6 +10,9 @@ destination layout, and posts one prepared scatter: every write of the job, weig
 and scales, to every inference rank that takes them, with the step's immediate
 (stage 3). Writes run while the next jobs are prepared. When the group's writes are
 complete, the trainers meet in a barrier (stage 4) and the next MeshGroup starts.
+Small bf16 jobs in a row run as one unit; a unit is posted once the next one is issued,
+after a marker of its own device work. With ``graphs=True`` the device work of a step is
+captured after the first and replayed while the shards stay in place.
 
 Inference rank: registers its weights once and counts the step's immediates.
 """
