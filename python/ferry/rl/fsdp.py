@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from .meta import TrainerBlock, rows_cols
+from .quant import dtype_name
 
 
 def hf_name(fqn: str) -> Optional[str]:
@@ -64,7 +65,7 @@ def blocks(module: Any, rank: int, *, group: str = "dense", name: Callable[[str]
     for fqn, logical, p in _params(module, name):
         mesh = tuple(rank_of(int(r)) for r in p.device_mesh.mesh.flatten().tolist())
         local = p.to_local()
-        b = TrainerBlock(logical, tuple(p.shape), str(p.dtype).replace("torch.", ""), 0, group, mesh,
+        b = TrainerBlock(logical, tuple(p.shape), dtype_name(p.dtype), 0, group, mesh,
                          _placements(fqn, p), offloaded=local.device.type == "cpu")
         if tuple(local.shape) != b.local_shape(rank):  # FSDP2 chunks dim 0 as shard_rows does
             raise ValueError(f"{fqn}: local shard {tuple(local.shape)}, expected {b.local_shape(rank)} "

@@ -29,7 +29,7 @@ import ferry
 from . import schedule as S
 from .meta import InferenceMeta, InferenceTensor, Recipe, TrainerBlock, TrainerMeta
 from .backends import NumpyBackend, TorchBackend
-from .quant import ITEMSIZE, scale_shape
+from .quant import ITEMSIZE, dtype_name, scale_shape
 
 __all__ = ["NumpyBackend", "TorchBackend", "StepStats", "WeightReceiver", "WeightSender", "chrome_trace",
            "data_imm", "abort_imm"]
@@ -456,13 +456,7 @@ class WeightSender:
         views = self._in_place(j, shards) if len(unit) == 1 else None
         in_place = views is not None
         if not in_place:
-            dsts, srcs = [], []
-            for u in unit:
-                uv = self._views[u.id][0]
-                for pi, a, e, piece in self._pieces(u, shards):
-                    dsts.append(uv[pi][a:e])
-                    srcs.append(piece)
-            self.backend.copy_many(dsts, srcs)
+            self._copy_own(unit, shards)
             views = self._views[j.id][0]
         if not j.passthrough:
             self._convert(j, views, back_to_back=not in_place)
@@ -482,19 +476,24 @@ class WeightSender:
             views[pi] = piece
         return views if all(v is not None for v in views) else None
 
-    def _gather(self, unit, label: str, shards, step: int, st: StepStats, t1: float, base: float, left):
-        """The unit's rows into its jobs' ring memory: this rank's own (one copy call for
-        the unit; stage 1 when they are offloaded), then the other ranks' (gathered
-        jobs). Returns whether any copy crossed from the host, and the time it ended."""
-        be = self.backend
+    def _copy_own(self, unit, shards) -> list:
+        """This rank's own rows of the unit's jobs into their ring memory, one copy call;
+        returns the pieces copied."""
         dsts, srcs = [], []
         for j in unit:
             views = self._views[j.id][0]
             for pi, a, e, piece in self._pieces(j, shards):
                 dsts.append(views[pi][a:e])
                 srcs.append(piece)
-        be.copy_many(dsts, srcs)
-        crossed = any(be.crosses(x) for x in srcs)
+        self.backend.copy_many(dsts, srcs)
+        return srcs
+
+    def _gather(self, unit, label: str, shards, step: int, st: StepStats, t1: float, base: float, left):
+        """The unit's rows into its jobs' ring memory: this rank's own (one copy call for
+        the unit; stage 1 when they are offloaded), then the other ranks' (gathered
+        jobs). Returns whether any copy crossed from the host, and the time it ended."""
+        be = self.backend
+        crossed = any(be.crosses(x) for x in self._copy_own(unit, shards))
         if crossed:  # this rank's own offloaded rows: stage 1 (issued; its device time from the markers)
             th = time.perf_counter()
             st.add("h2d", label, t1, th, base)
@@ -634,7 +633,7 @@ class WeightReceiver:
         for name, arr in tensors.items():
             h, d = engine.register(self.backend.byte_view(arr))
             self._handles.append(h)
-            dt = {"bfloat16": "bfloat16", "float8_e4m3fn": "float8_e4m3fn", "float32": "float32"}[_dtype_name(arr)]
+            dt = {"bfloat16": "bfloat16", "float8_e4m3fn": "float8_e4m3fn", "float32": "float32"}[dtype_name(arr.dtype)]
             metas.append(InferenceTensor(name, tuple(arr.shape), dt, d.bytes(), 0))
         self.meta = InferenceMeta(rank, tuple(self.recipes), tuple(metas))
 
@@ -683,8 +682,3 @@ def _one_pass(j: S.Job) -> bool:
     up projections; not a 576-row MLA projection followed by another)."""
     return (len(j.parts) > 1 and len({b.dtype for _, b in j.parts}) == 1
             and all(p.rows % 128 == 0 for p, _ in j.parts[:-1]))
-
-
-def _dtype_name(arr) -> str:
-    s = str(arr.dtype)
-    return s.replace("torch.", "")

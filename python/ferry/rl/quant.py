@@ -35,6 +35,11 @@ def np_dtype(name: str) -> Any:
     return np.dtype(name)
 
 
+def dtype_name(dtype: Any) -> str:
+    """The metadata name of a NumPy or torch dtype ("bfloat16", not "torch.bfloat16")."""
+    return str(dtype).replace("torch.", "")
+
+
 def scale_shape(rows: int, cols: int) -> tuple[int, int]:
     return (-(-rows // BLOCK), -(-cols // BLOCK))
 
