@@ -209,27 +209,25 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
                 result["copy_ceiling"] = dict(bytes=total, copies=len(sizes), s=t_copy, GBps=total / t_copy / 1e9,
                                               src=str(dev), dst=str(dst.device))
                 del src, dst
-                # quantisation rate of quantize_torch on this GPU
+                # quantisation rates on this GPU: the reference, and the kernel the pipeline uses
+                from . import quant_triton
                 from .quant import quantize_torch
                 w = torch.randn(4096, 7168, device=dev).to(torch.bfloat16)
-                quantize_torch(w)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(10):
-                    quantize_torch(w)
-                torch.cuda.synchronize()
-                result["quant_GBps"] = w.numel() * 2 * 10 / (time.perf_counter() - t0) / 1e9
-                from . import quant_triton
-                if quant_triton.available(w):  # the kernel the pipeline uses
-                    q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=dev)
-                    sc = torch.empty((w.shape[0] // 128, w.shape[1] // 128), dtype=torch.float32, device=dev)
-                    quant_triton.quantize_into(w, q, sc)
+
+                def rate(fn) -> float:  # bf16 input bytes per second, warm, 10 calls
+                    fn()
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
                     for _ in range(10):
-                        quant_triton.quantize_into(w, q, sc)
+                        fn()
                     torch.cuda.synchronize()
-                    result["quant_triton_GBps"] = w.numel() * 2 * 10 / (time.perf_counter() - t0) / 1e9
+                    return w.numel() * 2 * 10 / (time.perf_counter() - t0) / 1e9
+
+                result["quant_GBps"] = rate(lambda: quantize_torch(w))
+                if quant_triton.available(w):
+                    q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=dev)
+                    sc = torch.empty((w.shape[0] // 128, w.shape[1] // 128), dtype=torch.float32, device=dev)
+                    result["quant_triton_GBps"] = rate(lambda: quant_triton.quantize_into(w, q, sc))
             ex.barrier(range(4), 300)
             # Baselines: rank-0 gather + broadcast of the same weights (torch.distributed):
             # gloo from host memory; NCCL from GPU memory (the shards' H2D copy included).
