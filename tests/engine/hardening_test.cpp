@@ -2,12 +2,14 @@
 // submissions and waiters, bounded queues, read-only targets, conflicting
 // immediate mappings, deadlines. On the fake NIC (no network) unless a test
 // needs a real provider's behaviour.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -40,20 +42,30 @@ TEST(StopRace, EveryOnDoneRunsExactlyOnceAndLateCallsThrowFailedPrecondition) {
     std::atomic<uint64_t> accepted{0}, done_ok{0}, done_cancelled{0}, done_other{0};
     std::atomic<uint64_t> refused{0}, wrong_code{0};
     std::atomic<bool> go{false};
-    auto on_done = [&](const Status& s) {
-      if (s.is_ok())
-        done_ok++;
-      else if (s.code() == Code::kCancelled)
-        done_cancelled++;
-      else
-        done_other++;
+    // Per request: whether it was accepted and how often its OnDone ran, so a
+    // failure names the kind of request that lost (or doubled) its OnDone.
+    constexpr int kThreads = 8, kPerThread = 200;
+    std::vector<std::atomic<uint8_t>> was_accepted(kThreads * kPerThread),
+        runs(kThreads * kPerThread);
+    auto on_done_for = [&](int req) {
+      return [&, req](const Status& s) {
+        runs[req]++;
+        if (s.is_ok())
+          done_ok++;
+        else if (s.code() == Code::kCancelled)
+          done_cancelled++;
+        else
+          done_other++;
+      };
     };
     std::vector<std::thread> threads;
-    for (int t = 0; t < 8; ++t) {
+    for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {
         while (!go.load()) std::this_thread::yield();
         uint8_t msg[16] = {};
-        for (int i = 0; i < 200; ++i) {
+        for (int i = 0; i < kPerThread; ++i) {
+          const int req = t * kPerThread + i;
+          const OnDone on_done(on_done_for(req));
           try {
             switch ((t + i) % 6) {
               case 0:
@@ -77,6 +89,7 @@ TEST(StopRace, EveryOnDoneRunsExactlyOnceAndLateCallsThrowFailedPrecondition) {
                 break;
             }
             accepted++;
+            was_accepted[req] = 1;
           } catch (const Error& err) {
             (err.code() == Code::kFailedPrecondition ? refused : wrong_code)++;
           }
@@ -88,9 +101,18 @@ TEST(StopRace, EveryOnDoneRunsExactlyOnceAndLateCallsThrowFailedPrecondition) {
     for (int spin = 0; spin < (cycle % 50) * 20; ++spin) std::this_thread::yield();
     e->stop();
     for (auto& th : threads) th.join();
+    std::string odd;
+    static const char* const kKinds[] = {"single", "paged", "imm", "scatter", "barrier", "send"};
+    for (int req = 0; req < kThreads * kPerThread; ++req)
+      if (runs[req].load() != was_accepted[req].load())
+        odd += fmt::format(" [thread {} request {} ({}): accepted {}, OnDone ran {}x]",
+                           req / kPerThread, req % kPerThread,
+                           kKinds[(req / kPerThread + req % kPerThread) % 6],
+                           int(was_accepted[req].load()), int(runs[req].load()));
     ASSERT_EQ(wrong_code.load(), 0u) << "cycle " << cycle;
     ASSERT_EQ(done_other.load(), 0u) << "cycle " << cycle;
-    ASSERT_EQ(done_ok + done_cancelled, accepted.load()) << "cycle " << cycle;
+    ASSERT_EQ(done_ok + done_cancelled, accepted.load()) << "cycle " << cycle << odd;
+    ASSERT_TRUE(odd.empty()) << "cycle " << cycle << odd;
     EXPECT_EQ(code_of([&] { e->submit_imm(3, dst.d, {}); }), Code::kFailedPrecondition);
     EXPECT_EQ(code_of([&] { e->imm_counter(9); }), Code::kFailedPrecondition);
   }

@@ -81,6 +81,15 @@ class NumpyBackend:
     def byte_view(self, arr):
         return arr.reshape(-1).view(np.uint8)
 
+    def staging(self, src):
+        """A host buffer shaped like `src` that a captured copy may read instead of `src`,
+        or None where a capture copies `src` as it lies."""
+        return None
+
+    def fill(self, buf, src) -> None:
+        """Copy `src` into its staging buffer on the CPU (before a capture or a replay)."""
+        buf[...] = src
+
 
 class TorchBackend:
     """Staging memory on `device` (a torch device); shards are torch tensors on the
@@ -188,3 +197,13 @@ class TorchBackend:
 
     def byte_view(self, t):
         return t.reshape(-1).view(self.torch.uint8)
+
+    def staging(self, src):
+        # A graph copies from the host only out of pinned memory; torch stages a strided
+        # host view through unpinned memory, which a capture refuses.
+        if src.device.type != "cpu" or self.device.type == "cpu" or (src.is_contiguous() and src.is_pinned()):
+            return None
+        return self.torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+
+    def fill(self, buf, src) -> None:
+        buf.copy_(src)

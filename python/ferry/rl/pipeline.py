@@ -406,13 +406,14 @@ class WeightSender:
         be, graphs = self.backend, []
         for group, heads, waits in self._segments:
             g, ctx = be.capture()
+            staged: list = []  # (host buffer the graph copies from, the shard piece that fills it)
             with ctx:
                 be.begin()
                 marks = []
                 for h in heads:
-                    self._issue(self._units[h], shards)
+                    self._issue(self._units[h], shards, staged)
                     marks.append(be.marker_in_graph())
-            graphs.append((group, heads, waits, g, marks))
+            graphs.append((group, heads, waits, g, marks, staged))
         be.begin()
         self._graphs, self._graph_key = graphs, self._shard_key(shards)
 
@@ -425,7 +426,7 @@ class WeightSender:
         st = run.st
         st.replayed = True
         graphs = self._graphs
-        for i, (group, heads, waits, g, marks) in enumerate(graphs):
+        for i, (group, heads, waits, g, marks, staged) in enumerate(graphs):
             t0 = time.perf_counter()
             for h in waits:
                 run.finish(h)
@@ -433,6 +434,11 @@ class WeightSender:
                 run.hold(h)
             t1 = time.perf_counter()
             run.add("wait_memory", _label(self._units[heads[0]]), t0, t1)
+            if staged:  # offloaded pieces the graph cannot copy from where they lie: on the CPU now
+                for buf, src in staged:
+                    be.fill(buf, src)
+                t0, t1 = t1, time.perf_counter()
+                run.add("h2d", f"graph {i} host staging ({len(staged)} pieces)", t0, t1)
             ev0 = be.record(timing=True) if self.gpu_timing else None
             be.replay(g)
             ev1 = be.record(timing=True) if self.gpu_timing else None
@@ -450,13 +456,15 @@ class WeightSender:
         self._trace(st, run.base_ns)
         return st
 
-    def _issue(self, unit, shards) -> None:
-        """A unit's device work alone (no waits, no exchange): what a graph captures."""
+    def _issue(self, unit, shards, staged: list) -> None:
+        """A unit's device work alone (no waits, no exchange): what a graph captures. Host
+        pieces a capture cannot copy from (strided, or not pinned) go through host buffers
+        made here, listed in `staged` to be refilled before each replay."""
         j = unit[0]
         views = self._in_place(j, shards) if len(unit) == 1 else None
         in_place = views is not None
         if not in_place:
-            self._copy_own(unit, shards)
+            self._copy_own(unit, shards, staged)
             views = self._views[j.id][0]
         if not j.passthrough:
             self._convert(j, views, back_to_back=not in_place)
@@ -476,16 +484,25 @@ class WeightSender:
             views[pi] = piece
         return views if all(v is not None for v in views) else None
 
-    def _copy_own(self, unit, shards) -> list:
+    def _copy_own(self, unit, shards, staged: Optional[list] = None) -> list:
         """This rank's own rows of the unit's jobs into their ring memory, one copy call;
-        returns the pieces copied."""
+        returns the pieces copied. While capturing (`staged` a list), a piece the backend
+        cannot copy inside a graph is first copied on the CPU into a host buffer of its
+        own, which the graph then reads."""
+        be = self.backend
         dsts, srcs = [], []
         for j in unit:
             views = self._views[j.id][0]
             for pi, a, e, piece in self._pieces(j, shards):
+                if staged is not None:
+                    buf = be.staging(piece)
+                    if buf is not None:
+                        be.fill(buf, piece)
+                        staged.append((buf, piece))
+                        piece = buf
                 dsts.append(views[pi][a:e])
                 srcs.append(piece)
-        self.backend.copy_many(dsts, srcs)
+        be.copy_many(dsts, srcs)
         return srcs
 
     def _gather(self, unit, label: str, shards, step: int, st: StepStats, t1: float, base: float, left):

@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
 from ferry.rl.backends import NumpyBackend
 
 
 class ReplayBackend(NumpyBackend):
-    def __init__(self):
+    def __init__(self, offload: bool = False):
+        # offload: as a GPU whose trainer shards stay in host memory: nothing is read in
+        # place, every piece is copied into staging, strided ones through host buffers
+        self.offload = offload
         self._into = None  # the op list being captured, or None
         self.replays = 0
+        self.staged = 0  # host buffers handed out for captures
 
     def can_capture(self) -> bool:
         return True
@@ -43,6 +49,17 @@ class ReplayBackend(NumpyBackend):
             self._into.append((fn, args))
         else:
             fn(*args)
+
+    def reads_in_place(self, src) -> bool:
+        return not self.offload
+
+    def staging(self, src):
+        # As a CUDA graph with host memory that is not pinned: a strided piece is read
+        # from a buffer of its own, which the pipeline must refill before every replay.
+        if not self.offload or src.flags["C_CONTIGUOUS"]:
+            return None
+        self.staged += 1
+        return np.empty_like(src, order="C")
 
     def copy_many(self, dsts, srcs) -> None:
         self._do(super().copy_many, list(dsts), list(srcs))

@@ -82,7 +82,7 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
             if case.get("replay"):  # capture and replay, as CUDA graphs do, on host memory
                 from replay_backend import ReplayBackend
 
-                backend = ReplayBackend()
+                backend = ReplayBackend(offload=case["replay"] == "offload")
             snd = WeightSender(eng, ex, rank=idx, blocks=blocks, trainer_ranks=range(T),
                                inference_ranks=range(T, T + I), watermark=case["watermark"],
                                after_post=after_post, backend=backend, **case.get("sender", {}))
@@ -117,7 +117,7 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
             direct = sum(len(j.holders) == 1 and len(j.mesh) > 1 for j in sched.jobs)
             results.put(("trainer", idx, "ok", [(s.wall_s, s.stages, s.peak_temp_bytes, s.jobs, s.writes,
                                                  len(s.events), s.submits, s.replayed) for s in stats],
-                         (sched.digest(), len(sched.jobs), direct)))
+                         (sched.digest(), len(sched.jobs), direct, getattr(backend, "staged", 0))))
         else:
             recipes = M.inference_recipes(cfg, il, idx)
             tensors = {n: np.zeros(shape, dtype=np_dtype(dt)) for n, shape, dt in M.tensor_specs(recipes)}

@@ -62,7 +62,11 @@ MODES = {"default": {}, "direct": dict(trainer=dict(pp=1, ep=1, fsdp=2), sender=
          # all direct, the shards kept in place, the device work captured after step 0 and
          # replayed (tests/python/rl/replay_backend.py), the ring small enough to be reused
          "graphs": dict(trainer=dict(pp=1, ep=1, fsdp=2), sender=dict(direct_min_bytes=1, graphs=True),
-                        replay=True, steps=3)}
+                        replay=True, steps=3),
+         # the same with the shards offloaded: every piece copied, strided ones (column
+         # slices for tensor parallelism) through host buffers refilled before each replay
+         "graphs-offload": dict(trainer=dict(pp=1, ep=1, fsdp=2), sender=dict(direct_min_bytes=1, graphs=True),
+                                replay="offload", steps=3)}
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -85,10 +89,12 @@ def test_two_trainers_two_inference_bit_exact(tmp_path, mode):
         names = report[0][3]
         assert any("qkv_proj.weight_scale_inv" in n for n in names)  # fused and quantised
         assert any("w13_weight" in n for n in names) and any("gate_up_proj" in n for n in names)
+    if mode == "graphs-offload":  # strided pieces went through host buffers
+        assert all(r[4][3] > 0 for r in tr), [r[4] for r in tr]
     for r in tr:
-        assert [x[7] for x in r[3]] == ([False, True, True] if mode == "graphs" else [False] * len(r[3]))
+        assert [x[7] for x in r[3]] == ([False, True, True] if mode.startswith("graphs") else [False] * len(r[3]))
         for wall, stages, peak, jobs, writes, nev, submits, replayed in r[3]:
-            if mode in ("direct", "graphs"):  # nothing sent to another trainer
+            if mode in ("direct", "graphs", "graphs-offload"):  # nothing sent to another trainer
                 assert stages["send"] == 0, stages
             assert 0 < peak <= CASE["watermark"]
             assert jobs > 0 and writes >= jobs and nev > 0
