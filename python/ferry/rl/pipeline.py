@@ -394,6 +394,17 @@ class WeightSender:
 
     # --- CUDA graphs: a step's device work captured once, replayed every step ------------
 
+    def issue_conversions(self, shards) -> None:
+        """Issue the step's fusion and quantisation alone, reading what a step would read
+        (shards in place, else the ring), no copies and no writes: for measuring how much
+        of a step is conversion (the part the copy-ceiling comparison leaves out)."""
+        for unit in self._units.values():
+            j = unit[0]
+            if j.passthrough:
+                continue
+            views = self._in_place(j, shards) if len(unit) == 1 else None
+            self._convert(j, views if views is not None else self._views[j.id][0], back_to_back=views is None)
+
     def _shard_key(self, shards) -> tuple:
         """Where every shard the plans read lies: a graph replays only onto these."""
         addr = self.backend.address

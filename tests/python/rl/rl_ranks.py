@@ -114,6 +114,7 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
                 except ferry.FerryError as err:
                     results.put(("trainer", idx, "error", type(err).__name__, str(err), time.monotonic() - t0))
                     return
+            snd.issue_conversions(shards)  # what gpu_bench times alone: must run after any step
             direct = sum(len(j.holders) == 1 and len(j.mesh) > 1 for j in sched.jobs)
             results.put(("trainer", idx, "ok", [(s.wall_s, s.stages, s.peak_temp_bytes, s.jobs, s.writes,
                                                  len(s.events), s.submits, s.replayed) for s in stats],
