@@ -86,7 +86,8 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
         from .exchange import TorchExchange
         from .meta import rows_cols
         from .backends import TorchBackend
-        from .pipeline import WeightReceiver, WeightSender, chrome_trace
+        from .pipeline import WeightSender, chrome_trace
+        from .receiver import WeightReceiver
 
         dev = torch.device(f"cuda:{args.gpu_of[rank]}")
         torch.cuda.set_device(dev)

@@ -14,7 +14,8 @@ Small bf16 jobs in a row run as one unit; a unit is posted once the next one is 
 after a marker of its own device work. With ``graphs=True`` the device work of a step is
 captured after the first and replayed while the shards stay in place.
 
-Inference rank: registers its weights once and counts the step's immediates.
+The inference rank's side (registers its weights once, counts the step's immediates) is
+``ferry.rl.receiver.WeightReceiver``.
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ from typing import Any, Callable, Optional, Sequence
 import ferry
 
 from . import schedule as S
-from .meta import InferenceMeta, InferenceTensor, Recipe, TrainerBlock, TrainerMeta
+from .meta import TrainerBlock, TrainerMeta
 from .backends import NumpyBackend, TorchBackend
-from .quant import ITEMSIZE, dtype_name, scale_shape
+from .quant import ITEMSIZE, scale_shape
 
-__all__ = ["NumpyBackend", "TorchBackend", "StepStats", "WeightReceiver", "WeightSender", "chrome_trace",
-           "data_imm", "abort_imm"]
+__all__ = ["NumpyBackend", "TorchBackend", "StepStats", "WeightSender", "chrome_trace", "data_imm", "abort_imm"]
 
 IMM_DATA = 0x524C0000  # + step % 8
 IMM_ABORT = 0x524C0010  # + step % 8
@@ -368,14 +368,12 @@ class WeightSender:
                 t1 = time.perf_counter()
                 run.add("wait_memory", label, t0, t1)
                 m0 = be.record(timing=True) if self.gpu_timing else None
-                views = self._in_place(j, shards) if len(unit) == 1 else None
-                in_place, crossed, t3 = views is not None, False, t1
-                if not in_place:
+                views = self._unit_in_place(unit, shards)
+                crossed, t3 = False, t1
+                if views is None:
                     crossed, t3 = self._gather(unit, label, shards, step, st, t1, run.base, run.left)
-                    views = self._views[jid][0]
                 m1 = be.record(timing=True) if self.gpu_timing else None
-                if not j.passthrough:  # a unit of several is all passthrough
-                    self._convert(j, views, back_to_back=not in_place)
+                self._convert_unit(unit, views)
                 mark = be.record(timing=self.gpu_timing)
                 if self.gpu_timing:
                     marks.append((crossed, m0, m1, mark))
@@ -399,11 +397,7 @@ class WeightSender:
         (shards in place, else the ring), no copies and no writes: for measuring how much
         of a step is conversion (the part the copy-ceiling comparison leaves out)."""
         for unit in self._units.values():
-            j = unit[0]
-            if j.passthrough:
-                continue
-            views = self._in_place(j, shards) if len(unit) == 1 else None
-            self._convert(j, views if views is not None else self._views[j.id][0], back_to_back=views is None)
+            self._convert_unit(unit, self._unit_in_place(unit, shards))
 
     def _shard_key(self, shards) -> tuple:
         """Where every shard the plans read lies: a graph replays only onto these."""
@@ -471,14 +465,27 @@ class WeightSender:
         """A unit's device work alone (no waits, no exchange): what a graph captures. Host
         pieces a capture cannot copy from (strided, or not pinned) go through host buffers
         made here, listed in `staged` to be refilled before each replay."""
-        j = unit[0]
-        views = self._in_place(j, shards) if len(unit) == 1 else None
-        in_place = views is not None
-        if not in_place:
+        views = self._unit_in_place(unit, shards)
+        if views is None:
             self._copy_own(unit, shards, staged)
-            views = self._views[j.id][0]
-        if not j.passthrough:
-            self._convert(j, views, back_to_back=not in_place)
+        self._convert_unit(unit, views)
+
+    def _unit_in_place(self, unit, shards):
+        """The parts of a unit's job where they lie in the shards when it converts from
+        there (a unit of one job, see _in_place); None where they go into the ring first."""
+        return self._in_place(unit[0], shards) if len(unit) == 1 else None
+
+    def _convert_unit(self, unit, views) -> None:
+        """Fusion and quantisation of the unit's job from `views` (its parts in place) or,
+        with None, from the ring where they were gathered; a unit of several jobs is all
+        passthrough (written as it lies in the ring)."""
+        j = unit[0]
+        if j.passthrough:
+            return
+        if views is None:
+            self._convert(j, self._views[j.id][0], back_to_back=True)
+        else:
+            self._convert(j, views, back_to_back=False)
 
     def _in_place(self, j: S.Job, shards):
         """The job's parts where they lie in this rank's shards, when conversion can read
@@ -642,65 +649,6 @@ class _StepRun:
 
 def _label(unit) -> str:
     return unit[0].recipe if len(unit) == 1 else f"{unit[0].recipe} +{len(unit) - 1}"
-
-
-class WeightReceiver:
-    """The inference side of one rank: its live tensors (by name) registered once; the
-    writes land there with no action from this side. `wait_step` counts immediates."""
-
-    def __init__(self, engine: ferry.TransferEngine, exchange, *, rank: int, tensors: dict,
-                 recipes: Sequence[Recipe], backend: Any = None, controller: int = 0):
-        self.engine, self.ex, self.rank = engine, exchange, rank
-        self.backend = backend or NumpyBackend()
-        self.tensors = tensors
-        self.recipes = list(recipes)
-        self.controller = controller
-        self.step: Optional[int] = None  # last step fully arrived
-        self.stale = False  # True once an update began and did not complete
-        self._handles, metas = [], []
-        for name, arr in tensors.items():
-            h, d = engine.register(self.backend.byte_view(arr))
-            self._handles.append(h)
-            dt = {"bfloat16": "bfloat16", "float8_e4m3fn": "float8_e4m3fn", "float32": "float32"}[dtype_name(arr.dtype)]
-            metas.append(InferenceTensor(name, tuple(arr.shape), dt, d.bytes(), 0))
-        self.meta = InferenceMeta(rank, tuple(self.recipes), tuple(metas))
-
-    def setup(self, timeout: float = 60.0) -> S.Schedule:
-        _, self.schedule = _gather_meta(self.ex, "inference", self.meta, self.controller, timeout)
-        self.expected = self.schedule.imm_expected[self.rank]
-        self._data = [self.engine.imm_counter(IMM_DATA + i) for i in range(STEP_SLOTS)]
-        self._abort = [self.engine.imm_counter(IMM_ABORT + i) for i in range(STEP_SLOTS)]
-        return self.schedule
-
-    def wait_step(self, step: int, timeout: float = 60.0) -> None:
-        """Returns once every write of `step` landed (the weights are step `step`'s).
-        Raises ferry.Aborted when a trainer reported the step failed, ferry.Timeout at
-        the deadline; either way `stale` is set: some weights may be of the new step."""
-        slot = step % STEP_SLOTS
-        data, abort = self._data[slot], self._abort[slot]
-        deadline = time.monotonic() + timeout
-        while True:
-            if abort.try_consume(1):
-                self._reset(slot)
-                self.stale = True
-                raise ferry.Aborted(f"step {step}: a trainer aborted the update; weights are stale")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.stale = self.stale or data.value > 0
-                raise ferry.Timeout(f"step {step}: {data.value} of {self.expected} writes arrived by the deadline")
-            try:
-                data.wait(self.expected, min(0.05, left))
-                break
-            except ferry.Timeout:
-                continue
-        self.step, self.stale = step, False
-
-    def _reset(self, slot: int) -> None:
-        c = self._data[slot]
-        c.try_consume(c.value)
-        a = self._abort[slot]
-        while a.try_consume(1):
-            pass
 
 
 def _one_pass(j: S.Job) -> bool:

@@ -54,7 +54,8 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
         import ferry
         from conftest import engine_for
         from ferry.rl import model as M
-        from ferry.rl.pipeline import WeightReceiver, WeightSender
+        from ferry.rl.pipeline import WeightSender
+        from ferry.rl.receiver import WeightReceiver
         from ferry.rl.quant import np_dtype
         from hub import PipeExchange
 
