@@ -6,7 +6,7 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git ccache
   libfabric-dev libfabric-bin
   libconcurrentqueue-dev libspdlog-dev libfmt-dev libcli11-dev
   libhwloc-dev libnuma-dev libibverbs-dev
