@@ -268,8 +268,9 @@ class TransferEngine {
   // --- GPU signalling (ferry/watcher.h, docs/GPU.md) -------------------------
   // Both throw Error(kUnimplemented) in builds without CUDA.
   // A zeroed 64-bit word kernels write (device-visible); cb(old, new) runs on
-  // the watcher thread when it changes, until cb returns false or throws.
-  uint64_t* alloc_uvm_watcher(WatcherCallback cb);
+  // the watcher thread (or the first group's worker: WatchOn, ferry/watcher.h)
+  // when it changes, until cb returns false or throws.
+  uint64_t* alloc_uvm_watcher(WatcherCallback cb, WatchOn on = WatchOn::kWatcherThread);
   // A device-visible 32-bit flag: each time `count` more immediates `imm`
   // arrived, the NIC worker stores the generation (1, 2, ...) with a release
   // store. Replaces any prior mapping of imm; remove_imm_count(imm) frees it.

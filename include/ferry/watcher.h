@@ -34,7 +34,18 @@
 
 namespace ferry {
 
-// Runs on the engine's watcher thread. Return true to stay armed.
+// Runs on the engine's watcher thread (or its first worker, WatchOn::kWorker).
+// Return true to stay armed.
 using WatcherCallback = std::function<bool(uint64_t old_value, uint64_t new_value)>;
+
+// Where a watcher's word is polled and its callback runs.
+//  * kWatcherThread: the engine's watcher thread (one for all such words).
+//  * kWorker: the worker of the engine's first group, at the start of each turn
+//    of its loop; what the callback submits is posted in that same turn, with
+//    no hand-off to another thread (a host proxy relaying GPU signals to the
+//    NIC). The callback must be short and must not block: it stalls that
+//    group's NICs meanwhile. While such a word is armed the worker never
+//    sleeps (it spins, yielding where CPUs are few), as the watcher thread does.
+enum class WatchOn : uint8_t { kWatcherThread, kWorker };
 
 }  // namespace ferry

@@ -296,7 +296,10 @@ void Worker::run(std::promise<Status>* init) {
   auto last_busy = Clock::now();
   while (!stop_.load(std::memory_order_acquire)) {
     begin_turn();
-    bool busy = drain_commands();
+    // Hooks first: what their callbacks submit is drained and posted below.
+    bool awake = false;
+    bool busy = !hooks_.empty() && run_hooks(&awake);
+    busy |= drain_commands();
     busy |= progress_posts();
     busy |= poll_completions();
     note_gauges();
@@ -306,9 +309,10 @@ void Worker::run(std::promise<Status>* init) {
       last_deadline_scan_ = now;
       check_deadlines();
     }
-    if (busy) {
+    if (busy || awake) {
       last_busy = now;
       naps_in_row_ = 0;
+      if (!busy && spin.yield && shared_->config.poll_mode == PollMode::kAdaptive) yield_cpu();
     } else if (shared_->config.poll_mode == PollMode::kAdaptive && now - last_busy >= spin.spin) {
       // A NIC that cannot block is polled, yielding, before the worker naps.
       if (!idle_wait(now - last_busy >= spin.spin + kYieldBeforeNap, loop)) yield_cpu();
@@ -332,6 +336,7 @@ void Worker::run(std::promise<Status>* init) {
     if (s.active && !s.finished) finish(s, Status(Code::kCancelled, "engine stopped"));
   }
   groups_.clear();
+  hooks_.clear();  // their callbacks may hold engine state: let go here, on this thread
   // Unregistered regions still held elsewhere (a PreparedTransfer) close
   // their NIC registrations here, on this thread, before the domains go.
   for (auto& r : retired_) r->mrs.clear();
@@ -439,6 +444,15 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
 }
 
 // --------------------------------------------------------------- commands
+
+bool Worker::run_hooks(bool* awake) {
+  bool did = false;
+  for (auto& h : hooks_) {
+    did |= h->run_wt();
+    *awake |= h->keeps_awake();
+  }
+  return did;
+}
 
 bool Worker::drain_commands() {
   // Under loop_mu_ (the worker, or a submitter posting for it).

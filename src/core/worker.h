@@ -29,6 +29,7 @@
 #include "core/sharding.h"
 #include "core/stats.h"
 #include "core/transfer.h"
+#include "core/turn_hook.h"
 #include "core/wake.h"
 #include "ferry/engine.h"
 
@@ -158,6 +159,8 @@ class Worker final : public OpHost {
   void retire_wt(RegRef reg) {
     if (reg.use_count() > 1) retired_.push_back(std::move(reg));
   }
+  // Runs `hook` at the start of every turn from now on, until the worker stops.
+  void add_turn_hook_wt(std::shared_ptr<TurnHook> hook) { hooks_.push_back(std::move(hook)); }
 
  private:
   static constexpr uint32_t kNone = kNoSlot;
@@ -183,6 +186,8 @@ class Worker final : public OpHost {
   void run(std::promise<Status>* init);
   Status open_nics();
   bool drain_commands();
+  // The turn hooks; *awake set when one of them keeps the worker from sleeping.
+  bool run_hooks(bool* awake);
   // A submitter holding loop_mu_: start queued requests and post them; never
   // polls (no user callback runs on the submitter's thread).
   void post_inline();
@@ -282,6 +287,7 @@ class Worker final : public OpHost {
   uint32_t rr_ = 0;
   std::vector<std::unique_ptr<PeerGroup>> groups_;  // stable: transfers point into them
   std::vector<RegRef> retired_;
+  std::vector<std::shared_ptr<TurnHook>> hooks_;
   // Peers that failed with a transport error: later requests fail at once
   // instead of waiting for their deadline. A restarted peer has a new
   // incarnation, hence a new address, and is not affected.

@@ -330,7 +330,8 @@ void TransferEngine::stop() {
   // stop() joins these threads: from one of them it could only deadlock.
   const auto self = std::this_thread::get_id();
   const bool own =
-      std::find(im.own_threads.begin(), im.own_threads.end(), self) != im.own_threads.end();
+      std::find(im.own_threads.begin(), im.own_threads.end(), self) != im.own_threads.end() ||
+      im.gpu.on_watcher_thread();
   if (own && !im.stopped.load())
     throw Error(Code::kFailedPrecondition,
                 "stop() called from a callback or worker of the same engine; stop it from "
@@ -820,9 +821,18 @@ void TransferEngine::on_imm(ImmCallback cb) {
   impl_->imms->add_plain_callback(std::move(cb));
 }
 
-uint64_t* TransferEngine::alloc_uvm_watcher(WatcherCallback cb) {
-  auto entered = impl_->enter();
-  return impl_->gpu.alloc_watcher(impl_->shared.config.watcher_cpu, std::move(cb));
+uint64_t* TransferEngine::alloc_uvm_watcher(WatcherCallback cb, WatchOn on) {
+  auto& im = *impl_;
+  auto entered = im.enter();
+  if (on == WatchOn::kWatcherThread)
+    return im.gpu.alloc_watcher(im.shared.config.watcher_cpu, std::move(cb));
+  core::Worker* w = im.workers[0].get();
+  return im.gpu.alloc_worker_watcher(std::move(cb), [&](std::shared_ptr<core::TurnHook> hook) {
+    im.call(*w, [w, hook] {
+      w->add_turn_hook_wt(hook);
+      return Status();
+    });
+  });
 }
 
 EngineStats TransferEngine::stats() const {

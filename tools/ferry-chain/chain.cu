@@ -3,7 +3,12 @@
 // raw relay floor measured in the same run (docs/PERFORMANCE.md, "Chain").
 //
 //   ferry-chain [--provider nvlink|shm] [--op imm|write4k] [--gpu N]
-//               [--gpu-b N] [--iters N] [--poll busy|adaptive] [--out FILE]
+//               [--gpu-b N] [--iters N] [--poll busy|adaptive]
+//               [--watch-on thread|worker] [--out FILE]
+//
+// --watch-on worker: the watcher words are polled by the engine's worker and
+// its callbacks run there (WatchOn::kWorker), so a submission goes out in the
+// same turn instead of crossing from the watcher thread to the worker.
 //
 // Two processes, A and B, both on GPU N. One round trip i:
 //   A's kernel stores i into a UVM watcher word -> A's watcher callback
@@ -55,7 +60,7 @@ void check(cudaError_t e, const char* what) {
 #define CK(x) check((x), #x)
 
 struct Options {
-  std::string provider = "nvlink", op = "imm", poll = "busy", out;
+  std::string provider = "nvlink", op = "imm", poll = "busy", watch_on = "thread", out;
   int gpu = 0, gpu_b = -1, iters = 5000;  // gpu_b: B's GPU (-1: the same as A's)
 };
 
@@ -243,21 +248,23 @@ std::vector<uint64_t> ferry_side(const Options& o, Shared* sh, int fd, bool is_a
   const uint32_t send_imm = is_a ? kPing : kPong;
   const bool write = o.op == "write4k";
   std::atomic<int64_t> failures{0};
-  uint64_t* word = e.alloc_uvm_watcher([&](uint64_t, uint64_t v) {
-    if (v == 0 || v > uint64_t(Shared::kMax)) return true;
-    (is_a ? sh->a_cb : sh->b_cb)[v] = now_ns();
-    try {
-      if (write)
-        e.submit_single_write(4096, send_imm, h, 0, peer, 0, ferry::OnDone::none());
-      else
-        e.submit_imm(send_imm, peer, ferry::OnDone::none());
-    } catch (const std::exception& ex) {
-      failures++;
-      std::fprintf(stderr, "submit failed: %s\n", ex.what());
-    }
-    if (is_a) sh->a_sub[v] = now_ns();
-    return v < uint64_t(n);
-  });
+  uint64_t* word = e.alloc_uvm_watcher(
+      [&](uint64_t, uint64_t v) {
+        if (v == 0 || v > uint64_t(Shared::kMax)) return true;
+        (is_a ? sh->a_cb : sh->b_cb)[v] = now_ns();
+        try {
+          if (write)
+            e.submit_single_write(4096, send_imm, h, 0, peer, 0, ferry::OnDone::none());
+          else
+            e.submit_imm(send_imm, peer, ferry::OnDone::none());
+        } catch (const std::exception& ex) {
+          failures++;
+          std::fprintf(stderr, "submit failed: %s\n", ex.what());
+        }
+        if (is_a) sh->a_sub[v] = now_ns();
+        return v < uint64_t(n);
+      },
+      o.watch_on == "worker" ? ferry::WatchOn::kWorker : ferry::WatchOn::kWatcherThread);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   uint64_t* rtt = nullptr;
@@ -326,6 +333,10 @@ int main(int argc, char** argv) {
       o.op = v;
     else if (a == "--gpu")
       o.gpu = std::atoi(v.c_str());
+    else if (a == "--gpu-b")
+      o.gpu_b = std::atoi(v.c_str());
+    else if (a == "--watch-on" && (v == "thread" || v == "worker"))
+      o.watch_on = v;
     else if (a == "--iters")
       o.iters = std::min(std::atoi(v.c_str()), Shared::kMax);
     else if (a == "--poll")
@@ -376,7 +387,7 @@ int main(int argc, char** argv) {
   char buf[2048];
   std::snprintf(
       buf, sizeof(buf),
-      "ferry-chain provider=%s op=%s poll=%s gpu=%d iters=%d (warm-up %d dropped)\n"
+      "ferry-chain provider=%s op=%s poll=%s watch-on=%s gpu=%d iters=%d (warm-up %d dropped)\n"
       "round trip (A's kernel, GPU clock)   floor: n=%zu p50 %.2f p99 %.2f us | ferry: n=%zu "
       "p50 %.2f p99 %.2f us | ratio p50 %.2f, ferry p99/p50 %.2f\n"
       "forward leg A callback -> B callback floor: p50 %.2f p99 %.2f us | ferry: p50 %.2f "
@@ -384,8 +395,8 @@ int main(int argc, char** argv) {
       "A's submit call (callback entry -> return): p50 %.2f p99 %.2f us\n"
       "rest of the round trip (kernel store -> A callback, B callback -> A kernel), p50 "
       "difference: floor %.2f us, ferry %.2f us\n",
-      o.provider.c_str(), o.op.c_str(), o.poll.c_str(), o.gpu, o.iters, kWarm, fl.v.size(),
-      fl.at(0.5), fl.at(0.99), fe.v.size(), fe.at(0.5), fe.at(0.99),
+      o.provider.c_str(), o.op.c_str(), o.poll.c_str(), o.watch_on.c_str(), o.gpu, o.iters, kWarm,
+      fl.v.size(), fl.at(0.5), fl.at(0.99), fe.v.size(), fe.at(0.5), fe.at(0.99),
       fl.at(0.5) > 0 ? fe.at(0.5) / fl.at(0.5) : 0.0,
       fe.at(0.5) > 0 ? fe.at(0.99) / fe.at(0.5) : 0.0, flf.at(0.5), flf.at(0.99), fef.at(0.5),
       fef.at(0.99), fes.at(0.5), fes.at(0.99), fl.at(0.5) - flf.at(0.5), fe.at(0.5) - fef.at(0.5));

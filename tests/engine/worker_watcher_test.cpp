@@ -1,0 +1,138 @@
+// UVM watchers polled by the first group's worker (WatchOn::kWorker): the
+// callback runs on the worker, its submission goes out in the same turn, the
+// worker stays awake while a word is armed and sleeps again once none is, and
+// stop() ends the callbacks. The watcher words are plain host memory here
+// (FERRY_TESTING_HOST_WATCHERS), with a host thread storing as a kernel would.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "core/wake.h"
+#include "ferry/ferry.h"
+#include "support/checks.h"
+#include "support/engine_config.h"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+using core::wake_counters;
+using test::code_of;
+
+void store(uint64_t* w, uint64_t v) {
+  std::atomic_ref<uint64_t>(*w).store(v, std::memory_order_release);
+}
+
+bool until(const std::function<bool()>& p, std::chrono::seconds t = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + t;
+  while (!p())
+    if (std::chrono::steady_clock::now() > deadline)
+      return false;
+    else
+      std::this_thread::yield();
+  return true;
+}
+
+EngineConfig adaptive(const std::string& kind) {
+  ::setenv("FERRY_TESTING_HOST_WATCHERS", "1", 1);
+  EngineConfig c = test::config_for(kind);
+  c.poll_mode = PollMode::kAdaptive;
+  c.spin_before_block = 0us;  // block as soon as there is nothing to do
+  return c;
+}
+
+uint64_t sleeps() {
+  return wake_counters().blocks.load() + wake_counters().naps.load();
+}
+
+class WorkerWatcher : public ::testing::TestWithParam<std::string> {};
+
+// Each store waits for the previous immediate, so no change coalesces: ten
+// callbacks, ten immediates. stop() from the callback is refused: it runs on an
+// engine thread (the worker), which stop() would have to join.
+TEST_P(WorkerWatcher, CallbackRunsOnTheWorkerAndItsSubmissionArrives) {
+  TransferEngine a(adaptive(GetParam())), b(adaptive(GetParam()));
+  auto dst = test::region(b, 4096);
+  auto arrivals = b.imm_counter(5);
+  std::atomic<int> calls{0}, stop_code{-1};
+  uint64_t* word = a.alloc_uvm_watcher(
+      [&](uint64_t, uint64_t now) {
+        if (calls++ == 0) stop_code = int(code_of([&] { a.stop(); }));
+        a.submit_imm(5, dst.d, OnDone::none());
+        return now < 10;
+      },
+      WatchOn::kWorker);
+  for (uint64_t v = 1; v <= 10; ++v) {
+    store(word, v);
+    ASSERT_TRUE(arrivals.wait(1, 10s).is_ok()) << "value " << v;
+  }
+  EXPECT_EQ(calls.load(), 10);
+  EXPECT_EQ(stop_code.load(), int(Code::kFailedPrecondition));
+  EXPECT_FALSE(arrivals.try_consume(1));
+}
+
+// An idle adaptive worker blocks in poll(2), which a store into host memory
+// cannot end: while a word is armed it must not block or nap at all.
+TEST_P(WorkerWatcher, WorkerStaysAwakeWhileArmedAndSleepsAgainAfter) {
+  TransferEngine a(adaptive(GetParam()));
+  std::atomic<int> calls{0};
+  uint64_t* word = a.alloc_uvm_watcher(
+      [&](uint64_t, uint64_t now) {
+        calls++;
+        return now != 2;  // 2 releases the word
+      },
+      WatchOn::kWorker);
+  store(word, 1);
+  ASSERT_TRUE(until([&] { return calls.load() == 1; }));
+  const uint64_t before = sleeps();
+  std::this_thread::sleep_for(50ms);  // idle time for the worker, not a synchronisation
+  EXPECT_EQ(sleeps(), before) << "the worker slept with a watcher armed";
+  store(word, 2);
+  ASSERT_TRUE(until([&] { return calls.load() == 2; }));
+  EXPECT_TRUE(until([&] { return wake_counters().asleep.load() >= 1; }))
+      << "the worker did not go back to sleep once no word was armed";
+}
+
+// After stop() returns no callback runs; later allocations are refused.
+TEST_P(WorkerWatcher, StopEndsCallbacksAndRefusesLaterWatchers) {
+  TransferEngine a(adaptive(GetParam()));
+  std::atomic<int> calls{0};
+  uint64_t* word = a.alloc_uvm_watcher(
+      [&](uint64_t, uint64_t) {
+        calls++;
+        return true;
+      },
+      WatchOn::kWorker);
+  store(word, 1);
+  ASSERT_TRUE(until([&] { return calls.load() == 1; }));
+  a.stop();
+  EXPECT_EQ(code_of([&] {
+              a.alloc_uvm_watcher([](uint64_t, uint64_t) { return true; }, WatchOn::kWorker);
+            }),
+            Code::kFailedPrecondition);
+  EXPECT_EQ(calls.load(), 1);
+}
+
+// The watcher thread is an engine thread too: stop() from its callback is
+// refused instead of joining the thread it runs on.
+TEST_P(WorkerWatcher, StopFromAWatcherThreadCallbackIsRefused) {
+  TransferEngine a(adaptive(GetParam()));
+  std::atomic<int> stop_code{-1};
+  uint64_t* word = a.alloc_uvm_watcher([&](uint64_t, uint64_t) {
+    stop_code = int(code_of([&] { a.stop(); }));
+    return false;
+  });
+  store(word, 1);
+  ASSERT_TRUE(until([&] { return stop_code.load() != -1; }));
+  EXPECT_EQ(stop_code.load(), int(Code::kFailedPrecondition));
+  a.stop();
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, WorkerWatcher, ::testing::Values("fake", "tcp"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace ferry
