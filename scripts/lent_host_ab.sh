@@ -69,11 +69,13 @@ for s in ${SECTIONS:-obs latency chain}; do
   chain)
     . scripts/mps.sh
     if mps_start "$S"; then
-      for run in 1 2; do for p in nvlink shm; do
-        echo "== chain $p imm busy (MPS) run $run" >> "$O/chain.txt"
-        timeout 40 "$B/lat-chain" --provider $p --op imm --poll busy --iters 3000 >> "$O/chain.txt" 2>&1
+      # watch-on: the callbacks on the watcher thread, or on the worker (WatchOn::kWorker)
+      for run in 1 2; do for w in thread worker; do for p in nvlink shm; do
+        echo "== chain $p imm busy (MPS) watch-on $w run $run" >> "$O/chain.txt"
+        timeout 40 "$B/lat-chain" --provider $p --op imm --poll busy --watch-on $w --iters 3000 \
+          >> "$O/chain.txt" 2>&1
         echo "rc=$?" >> "$O/chain.txt"
-      done; done
+      done; done; done
       mps_stop
     else
       echo "MPS did not start" >> "$S"
