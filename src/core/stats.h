@@ -223,8 +223,9 @@ class WorkerCounters {
 struct TraceEvent {
   enum Kind : uint8_t { kTransfer, kImm, kError };
   int64_t start_ns = 0, first_post_ns = 0, end_ns = 0;
-  uint64_t id = 0;     // transfer id; immediate value
-  uint64_t bytes = 0;  // transfer bytes; immediate count
+  int64_t picked_ns = 0;  // the worker (or a thread posting for it) took the command up
+  uint64_t id = 0;        // transfer id; immediate value
+  uint64_t bytes = 0;     // transfer bytes; immediate count
   uint32_t writes = 0;
   Kind kind = kTransfer;
   uint8_t nic = 0;

@@ -41,6 +41,7 @@ struct Slot {
   const std::vector<PeerId>* group_peers = nullptr;
   // Statistics and the timeline (core/stats.h, worker_stats.cpp).
   int64_t submit_ns = 0, first_post_ns = 0;
+  int64_t picked_ns = 0;                        // traced only: when the worker took the command up
   std::array<uint64_t, kMaxNics> stat_bytes{};  // bytes posted per NIC
   bool stat_p2p = false;                        // prepared, with one peer (s.peer[nic])
   uint8_t stat_nic = UINT8_MAX;                 // first NIC posted to

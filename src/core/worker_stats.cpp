@@ -12,6 +12,7 @@ void Worker::note_started(Slot& s, const Command& cmd) {
   s.stat_bytes = {};
   s.first_post_ns = 0;
   s.submit_ns = cmd.submit_ns;
+  s.picked_ns = trace_ ? now_ns() : 0;
   if constexpr (kStatsEnabled) {
     if (cmd.submit_ns == 0) return;
     if (picked_up_n_ < picked_up_.size()) {
@@ -128,6 +129,7 @@ void Worker::note_finished(const Slot& s, const Status& st) {
   e.kind = TraceEvent::kTransfer;
   e.start_ns = s.submit_ns != 0 ? s.submit_ns : now;
   e.first_post_ns = s.first_post_ns;
+  e.picked_ns = s.picked_ns;
   e.end_ns = now;
   e.id = s.id;
   for (uint64_t b : s.stat_bytes) e.bytes += b;

@@ -143,6 +143,12 @@ Status Trace::write(const std::vector<TraceSource>& workers) const {
       emit(fmt::format(
           R"({{"name":"{}","cat":"transfer","ph":"X","ts":{:.3f},"dur":{:.3f},"pid":{},"tid":{},"args":{{{}}}}})",
           op, us(e.start_ns), us(e.end_ns - e.start_ns), pid, tid, args));
+      // Submission to pick-up is the hand-off to the worker; pick-up to "posted", the
+      // engine's path to the provider and the provider's post.
+      if (e.picked_ns > 0 && e.picked_ns <= e.end_ns)
+        emit(fmt::format(
+            R"({{"name":"picked up","cat":"transfer","ph":"i","s":"t","ts":{:.3f},"pid":{},"tid":{},"args":{{"transfer":{}}}}})",
+            us(e.picked_ns), pid, tid, e.id));
       if (e.first_post_ns > 0 && e.first_post_ns <= e.end_ns)
         emit(fmt::format(
             R"({{"name":"posted","cat":"transfer","ph":"X","ts":{:.3f},"dur":{:.3f},"pid":{},"tid":{},"args":{{{}}}}})",
