@@ -276,9 +276,11 @@ class TransferEngine {
   // store. Replaces any prior mapping of imm; remove_imm_count(imm) frees it.
   uint32_t* imm_counter_gpu(uint32_t imm, uint32_t count);
   // A watcher word bound to prepared transfers (ferry/step_submits.h): when a
-  // kernel moves it from old to new, the watcher thread posts the steps bound
-  // to old+1..new. The StepSubmits must not outlive the engine.
-  std::shared_ptr<StepSubmits> alloc_uvm_watcher_submits();
+  // kernel moves it from old to new, the watcher thread (or, WatchOn::kWorker,
+  // the first group's worker, in that turn) posts the steps bound to
+  // old+1..new; jobs' Finished callbacks then run there too. The StepSubmits
+  // must not outlive the engine.
+  std::shared_ptr<StepSubmits> alloc_uvm_watcher_submits(WatchOn on = WatchOn::kWatcherThread);
 
   // --- observability (ferry/stats.h, docs/OBSERVABILITY.md) -----------------
   // Counters and gauges now; cheap enough to call every second. After stop(),

@@ -243,17 +243,19 @@ void StepSubmits::close() {
   finish_all(jobs);
 }
 
-std::shared_ptr<StepSubmits> TransferEngine::alloc_uvm_watcher_submits() {
+std::shared_ptr<StepSubmits> TransferEngine::alloc_uvm_watcher_submits(WatchOn on) {
   auto impl = std::make_shared<StepSubmits::Impl>(this);
   std::weak_ptr<StepSubmits::Impl> weak = impl;
-  impl->word = alloc_uvm_watcher([weak](uint64_t, uint64_t now) {
-    auto i = weak.lock();
-    if (!i || i->closed.load(std::memory_order_acquire)) return false;
-    std::vector<std::shared_ptr<StepJob::State>> ended;
-    i->advance(now, &ended);
-    finish_all(ended);
-    return true;
-  });
+  impl->word = alloc_uvm_watcher(
+      [weak](uint64_t, uint64_t now) {
+        auto i = weak.lock();
+        if (!i || i->closed.load(std::memory_order_acquire)) return false;
+        std::vector<std::shared_ptr<StepJob::State>> ended;
+        i->advance(now, &ended);
+        finish_all(ended);
+        return true;
+      },
+      on);
   return std::make_shared<StepSubmits>(std::move(impl));
 }
 

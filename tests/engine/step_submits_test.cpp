@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -203,6 +204,28 @@ TEST_P(StepSubmitsTest, AWatcherWordPostsEveryStepItPasses) {
   ASSERT_TRUE(c.wait(kSteps * (kPagesPerStep + 1), 20s).is_ok()) << c.value();
   for (uint32_t s = 0; s < kSteps; ++s) EXPECT_TRUE(step_landed(src, dst, s, kSteps)) << s;
   ws.stop();
+}
+
+// The engine's own word (alloc_uvm_watcher_submits) over host memory standing
+// in for the mapped block, swept by the watcher thread or by the worker, whose
+// callback posts the steps in the same turn.
+TEST_P(StepSubmitsTest, TheEnginesWordPostsEveryStepOnTheWatcherThreadAndOnTheWorker) {
+  ::setenv("FERRY_TESTING_HOST_WATCHERS", "1", 1);
+  constexpr uint32_t kSteps = 16, kImm = 0x518;
+  for (WatchOn on : {WatchOn::kWatcherThread, WatchOn::kWorker}) {
+    Region src = region(*a_, kSteps * kPagesPerStep * kPage + kSteps * 64, 9);
+    Region dst = region(*b_, src.buf.size());
+    ImmCounter c = b_->imm_counter(kImm);
+    auto steps = a_->alloc_uvm_watcher_submits(on);
+    ASSERT_NE(steps->word(), nullptr);
+    StepJob job = steps->add(0, make_steps(*a_, src, dst, kSteps, kImm));
+    for (uint64_t v = 1; v <= kSteps; ++v)
+      std::atomic_ref<uint64_t>(*steps->word()).fetch_add(1, std::memory_order_release);
+    ASSERT_TRUE(job.wait(20s).is_ok()) << job.steps_posted();
+    ASSERT_TRUE(c.wait(kSteps * (kPagesPerStep + 1), 20s).is_ok()) << c.value();
+    for (uint32_t s = 0; s < kSteps; ++s) EXPECT_TRUE(step_landed(src, dst, s, kSteps)) << s;
+    steps->close();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, StepSubmitsTest, ::testing::Values("fake", "tcp", "shm"));
