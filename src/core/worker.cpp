@@ -32,13 +32,21 @@ constexpr uint32_t kMaxNapDoublings = 4;
 constexpr auto kMaxBlock = std::chrono::milliseconds(10);
 
 thread_local bool t_worker_thread = false;
+// The worker whose loop lock this thread holds while doing its work for it.
+thread_local const void* t_doing_work_of = nullptr;
 
 // Another thread doing the worker's work (post_inline, help_progress) counts as
 // a worker meanwhile: nothing it starts may wait for admission. The flag is
 // cleared however that returns, or the thread would pass for a worker from then on.
 struct AsWorker {
-  AsWorker() { t_worker_thread = true; }
-  ~AsWorker() { t_worker_thread = false; }
+  explicit AsWorker(const void* worker) {
+    t_worker_thread = true;
+    t_doing_work_of = worker;
+  }
+  ~AsWorker() {
+    t_worker_thread = false;
+    t_doing_work_of = nullptr;
+  }
   AsWorker(const AsWorker&) = delete;
   AsWorker& operator=(const AsWorker&) = delete;
 };
@@ -198,7 +206,7 @@ void Worker::submit(Command&& cmd) {
 }
 
 void Worker::post_inline() {
-  AsWorker as_worker;
+  AsWorker as_worker(this);
   begin_turn();
   drain_commands();
   progress_posts();
@@ -210,7 +218,7 @@ bool Worker::help_progress() {
   if (!inline_posts_ || t_worker_thread) return false;
   std::unique_lock loop(loop_mu_, std::try_to_lock);
   if (!loop.owns_lock() || stop_.load(std::memory_order_acquire)) return false;
-  AsWorker as_worker;
+  AsWorker as_worker(this);
   begin_turn();
   bool busy = drain_commands();
   busy |= progress_posts();
@@ -228,22 +236,27 @@ bool Worker::help_progress() {
 
 Status Worker::call(std::function<Status()> fn, std::chrono::milliseconds timeout) {
   if (stop_.load()) return Status(Code::kFailedPrecondition, "engine is stopped");
+  auto run = [index = index_](const std::function<Status()>& f) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      return Status(Code::kInternal,
+                    fmt::format("worker {}: control call threw: {}", index, e.what()));
+    } catch (...) {
+      return Status(Code::kInternal, fmt::format("worker {}: control call threw", index));
+    }
+  };
+  // A callback run by this worker, or by a thread doing its work under its loop
+  // lock (CallbackOn::kWorker, WatchOn::kWorker): the queue would only be
+  // drained once the callback returned, i.e. after the wait.
+  if (self_.load(std::memory_order_acquire) == std::this_thread::get_id() ||
+      t_doing_work_of == this)
+    return run(fn);
   // The promise is shared so a caller that gave up leaves nothing dangling.
   auto done = std::make_shared<std::promise<Status>>();
   auto fut = done->get_future();
   Command cmd;
-  cmd.req = ControlReq{[fn = std::move(fn), done, index = index_] {
-    Status st;
-    try {
-      st = fn();
-    } catch (const std::exception& e) {
-      st = Status(Code::kInternal,
-                  fmt::format("worker {}: control call threw: {}", index, e.what()));
-    } catch (...) {
-      st = Status(Code::kInternal, fmt::format("worker {}: control call threw", index));
-    }
-    done->set_value(std::move(st));
-  }};
+  cmd.req = ControlReq{[fn = std::move(fn), done, run] { done->set_value(run(fn)); }};
   submit(std::move(cmd));
   if (fut.wait_for(timeout) != std::future_status::ready)
     return Status(Code::kDeadlineExceeded,
@@ -255,6 +268,7 @@ Status Worker::call(std::function<Status()> fn, std::chrono::milliseconds timeou
 // ------------------------------------------------------------------ thread
 
 void Worker::run(std::promise<Status>* init) {
+  self_.store(std::this_thread::get_id(), std::memory_order_release);
   if (group_.worker_cpu >= 0)
     pin_current_thread(group_.worker_cpu, "worker");
   else

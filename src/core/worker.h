@@ -123,6 +123,7 @@ class Worker final : public OpHost {
   // Runs fn on the worker thread and waits for its Status (control plane).
   // fn must own what it captures: after a timeout it may still run. An
   // exception thrown by fn comes back as kInternal, never past the worker.
+  // Called on the worker itself (from a callback it runs), fn runs at once.
   Status call(std::function<Status()> fn, std::chrono::milliseconds timeout);
   // A thread waiting for arrivals polls for the worker while the worker yields
   // or blocks (progress_help.h); false when it could not or found nothing.
@@ -279,6 +280,9 @@ class Worker final : public OpHost {
   bool inline_posts_ = false;
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  // The worker thread's id, set by that thread before start() returns: call()
+  // from a callback the worker runs itself must not queue behind itself.
+  std::atomic<std::thread::id> self_{};
 
   // Worker-thread state (allocated after pinning).
   std::vector<Nic> nics_;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "core/wake.h"
 #include "ferry/ferry.h"
@@ -129,6 +130,38 @@ TEST_P(WorkerWatcher, StopFromAWatcherThreadCallbackIsRefused) {
   ASSERT_TRUE(until([&] { return stop_code.load() != -1; }));
   EXPECT_EQ(stop_code.load(), int(Code::kFailedPrecondition));
   a.stop();
+}
+
+// A callback on the worker that registers memory (a control call on that same
+// worker) runs it at once: queued, it would wait for the worker to finish the
+// very callback that waits (the control timeout, 30 s, then kDeadlineExceeded).
+// Both kinds of worker callback: a watcher's, and an inline immediate callback.
+TEST_P(WorkerWatcher, ControlCallsFromCallbacksOnTheWorkerRunAtOnce) {
+  TransferEngine a(adaptive(GetParam())), b(adaptive(GetParam()));
+  std::vector<uint8_t> mem_a(4096), mem_b(4096);
+  auto register_and_drop = [](TransferEngine& e, std::vector<uint8_t>& mem) {
+    return int(code_of([&] {
+      auto [h, d] = e.reg_mr(mem.data(), mem.size());
+      e.unreg_mr(h);
+    }));
+  };
+  std::atomic<int> from_watcher{-1}, from_imm{-1};
+  uint64_t* word = a.alloc_uvm_watcher(
+      [&](uint64_t, uint64_t) {
+        from_watcher = register_and_drop(a, mem_a);
+        return false;
+      },
+      WatchOn::kWorker);
+  auto dst = test::region(b, 4096);
+  b.expect_imm_count(
+      9, 1, [&] { from_imm = register_and_drop(b, mem_b); }, CallbackOn::kWorker);
+  const auto t0 = std::chrono::steady_clock::now();
+  store(word, 1);
+  a.submit_imm(9, dst.d, OnDone::none());
+  ASSERT_TRUE(until([&] { return from_watcher.load() != -1 && from_imm.load() != -1; }, 60s));
+  EXPECT_EQ(from_watcher.load(), int(Code::kOk));
+  EXPECT_EQ(from_imm.load(), int(Code::kOk));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, WorkerWatcher, ::testing::Values("fake", "tcp"),
