@@ -43,10 +43,7 @@ bool all_asleep(int64_t workers) {
 }
 
 EngineConfig adaptive(const std::string& kind) {
-  EngineConfig c = test::config_for(kind);
-  c.poll_mode = PollMode::kAdaptive;
-  c.spin_before_block = 0us;  // block as soon as there is nothing to do
-  return c;
+  return test::adaptive_config_for(kind);
 }
 
 class Wake : public ::testing::TestWithParam<std::string> {};

@@ -15,6 +15,7 @@
 #include "ferry/ferry.h"
 #include "support/checks.h"
 #include "support/engine_config.h"
+#include "support/process.h"
 
 namespace ferry {
 namespace {
@@ -28,21 +29,12 @@ void store(uint64_t* w, uint64_t v) {
 }
 
 bool until(const std::function<bool()>& p, std::chrono::seconds t = 10s) {
-  const auto deadline = std::chrono::steady_clock::now() + t;
-  while (!p())
-    if (std::chrono::steady_clock::now() > deadline)
-      return false;
-    else
-      std::this_thread::yield();
-  return true;
+  return test::wait_until(p, t);
 }
 
 EngineConfig adaptive(const std::string& kind) {
   ::setenv("FERRY_TESTING_HOST_WATCHERS", "1", 1);
-  EngineConfig c = test::config_for(kind);
-  c.poll_mode = PollMode::kAdaptive;
-  c.spin_before_block = 0us;  // block as soon as there is nothing to do
-  return c;
+  return test::adaptive_config_for(kind);
 }
 
 uint64_t sleeps() {

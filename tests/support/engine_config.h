@@ -27,4 +27,13 @@ inline EngineConfig config_for(const std::string& kind, size_t nics = 1) {
   return c;
 }
 
+// The same with adaptive polling that blocks as soon as there is nothing to do: for
+// tests of how an idle worker is woken.
+inline EngineConfig adaptive_config_for(const std::string& kind) {
+  EngineConfig c = config_for(kind);
+  c.poll_mode = PollMode::kAdaptive;
+  c.spin_before_block = std::chrono::microseconds(0);
+  return c;
+}
+
 }  // namespace ferry::test
