@@ -32,7 +32,8 @@ constexpr uint32_t kMaxNapDoublings = 4;
 constexpr auto kMaxBlock = std::chrono::milliseconds(10);
 
 thread_local bool t_worker_thread = false;
-// The worker whose loop lock this thread holds while doing its work for it.
+// The worker whose work this thread does: its own thread's, or the one whose loop
+// lock this thread holds while it does that worker's work (AsWorker).
 thread_local const void* t_doing_work_of = nullptr;
 
 // Another thread doing the worker's work (post_inline, help_progress) counts as
@@ -249,9 +250,7 @@ Status Worker::call(std::function<Status()> fn, std::chrono::milliseconds timeou
   // A callback run by this worker, or by a thread doing its work under its loop
   // lock (CallbackOn::kWorker, WatchOn::kWorker): the queue would only be
   // drained once the callback returned, i.e. after the wait.
-  if (self_.load(std::memory_order_acquire) == std::this_thread::get_id() ||
-      t_doing_work_of == this)
-    return run(fn);
+  if (t_doing_work_of == this) return run(fn);
   // The promise is shared so a caller that gave up leaves nothing dangling.
   auto done = std::make_shared<std::promise<Status>>();
   auto fut = done->get_future();
@@ -268,7 +267,6 @@ Status Worker::call(std::function<Status()> fn, std::chrono::milliseconds timeou
 // ------------------------------------------------------------------ thread
 
 void Worker::run(std::promise<Status>* init) {
-  self_.store(std::this_thread::get_id(), std::memory_order_release);
   if (group_.worker_cpu >= 0)
     pin_current_thread(group_.worker_cpu, "worker");
   else
@@ -298,6 +296,7 @@ void Worker::run(std::promise<Status>* init) {
   if (!st.is_ok()) return;
 
   t_worker_thread = true;
+  t_doing_work_of = this;
   auto yield_cpu = [&] {
     loop.unlock();
     ::sched_yield();

@@ -280,9 +280,6 @@ class Worker final : public OpHost {
   bool inline_posts_ = false;
   std::atomic<bool> stop_{false};
   std::thread thread_;
-  // The worker thread's id, set by that thread before start() returns: call()
-  // from a callback the worker runs itself must not queue behind itself.
-  std::atomic<std::thread::id> self_{};
 
   // Worker-thread state (allocated after pinning).
   std::vector<Nic> nics_;

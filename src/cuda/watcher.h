@@ -136,8 +136,6 @@ class WorkerWatchers final : public core::TurnHook {
   void close();
   bool run_wt() override;
   bool keeps_awake() const override { return set_.armed() > 0 || set_.has_incoming(); }
-  size_t armed() const { return set_.armed(); }
-  uint64_t callback_failures() const { return set_.callback_failures(); }
 
  private:
   WatchSet set_;
