@@ -43,7 +43,8 @@ class StepJob {
   uint64_t transfers_posted() const;
   uint64_t transfers_done() const;    // ended, success or not
   uint64_t transfers_failed() const;  // ended with an error
-  // Every step posted (or the job cancelled) and every posted transfer ended.
+  // Every step posted (or the job cancelled), every posted transfer ended and
+  // the job's on_finished returned.
   bool finished() const;
   // Waits up to `timeout` for finished(); kDeadlineExceeded if it is not.
   Status wait(std::chrono::nanoseconds timeout) const;
