@@ -25,11 +25,14 @@ rc=0
 # fsdp2 (fsdp2-resident): the shards of transformers' Qwen3 under fully_shard; a
 # "-graphs" suffix (before "-mps") replays the first step's device work as CUDA graphs.
 # A "-mps" suffix runs that configuration under MPS (the four processes' kernels share
-# the GPU instead of taking turns as separate contexts).
+# the GPU instead of taking turns as separate contexts). A "-mapped" suffix (before "-mps")
+# makes the trainers store into the inference weights mapped into their processes
+# (--writes mapped); without it the writes go through the engine (--writes engine).
 for run in ${RL_RUNS:-offload}; do
-  mps="" graphs=""
+  mps="" graphs="" writes="--writes engine"
   case $run in *-mps) mps=1 ;; esac
   base=${run%-mps}
+  case $base in *-mapped) writes="--writes mapped"; base=${base%-mapped} ;; esac
   case $base in *-graphs) graphs="--graphs"; base=${base%-graphs} ;; esac
   case $base in
     offload) args="" ;; offload-gather) args="--gather" ;;
@@ -37,7 +40,7 @@ for run in ${RL_RUNS:-offload}; do
     fsdp2) args="--fsdp2" ;; fsdp2-resident) args="--fsdp2 --resident" ;;
     *) echo "unknown RL_RUNS entry $run" >&2; rc=1; continue ;;
   esac
-  args="$args $graphs"
+  args="$args $graphs $writes"
   mkdir -p "$OUT/$run"
   echo "== $run: gpu_bench $args" | tee -a "$OUT/gpu-bench.txt"
   if [ -n "$mps" ]; then

@@ -185,6 +185,26 @@ class PreparedTransfer {
   std::shared_ptr<const State> s_;
 };
 
+// A peer's registered memory mapped into this process (map_remote): stores
+// through data() land in the peer's region, as a one-sided write's bytes
+// would, but with no transfer, completion or immediate; the writer says when
+// they are done (an immediate after its kernel finished, for example). The
+// mapping stays open while any copy of this object lives.
+class MappedRegion {
+ public:
+  MappedRegion() = default;
+  MappedRegion(void* ptr, size_t len, std::shared_ptr<const void> keep)
+      : ptr_(ptr), len_(len), keep_(std::move(keep)) {}
+  void* data() const { return ptr_; }
+  size_t size() const { return len_; }
+  bool valid() const { return ptr_ != nullptr; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t len_ = 0;
+  std::shared_ptr<const void> keep_;
+};
+
 class StepSubmits;  // ferry/step_submits.h
 
 class TransferEngine {
@@ -231,6 +251,20 @@ class TransferEngine {
   // Zero-byte write carrying only an immediate.
   TransferId submit_imm(uint32_t imm, const MrDesc& dst, OnDone on_done,
                         WriteRoute route = WriteRoute::pinned(0));
+
+  // --- load/store access to a peer's memory ---------------------------------
+  // dst's [offset, +len) as an address of this process, for kernels (GPU
+  // memory of a peer on the same node, over the nvlink provider) or the CPU
+  // (the in-process fake NIC) to store into, through the group serving
+  // `near`. Throws kUnimplemented where the transport cannot map a peer's
+  // memory (tcp, shm, efa, verbs: use the one-sided writes), kFailedPrecondition
+  // for a read-only region, kOutOfRange past its end, kNotFound for a region
+  // the peer has unregistered. The mapping does not follow later changes: a
+  // region unregistered while mapped is not written by the engine any more,
+  // but stores through data() still reach the memory, which its owner must
+  // therefore not free while peers may store into it.
+  MappedRegion map_remote(const MrDesc& dst, uint64_t offset, uint64_t len,
+                          Device near = Device::host());
 
   // --- prepared transfers (PreparedTransfer) --------------------------------
   // The same arguments and checks as the submit_* of the same name, less the

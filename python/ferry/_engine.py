@@ -573,6 +573,21 @@ class TransferEngine(_Observability):
         t.id = self._e.submit_imm(imm, dst, r, t, on_done, None)
         return t
 
+    # ------------------------------------------------------------------ load/store access
+
+    def map_remote(self, dst: MrDesc, offset: int = 0, length: Optional[int] = None,
+                   device: str = "cpu") -> "_ferry.MappedRegion":
+        """A peer's registered memory (`dst`'s bytes [offset, offset+length), to its end by
+        default) as an address of this process, for kernels on `device` ("cuda:N": a peer's
+        GPU memory over the nvlink provider) or the CPU (the in-process fake NIC) to store
+        into: ``torch.as_tensor(m, device="cuda")`` views it as bytes. Stores carry no
+        immediate: say when they are done with one (``submit_imm``) after they completed.
+        Raises Unimplemented where the transport cannot map a peer's memory (tcp, shm,
+        efa, verbs), FailedPrecondition for a read-only or unregistered region,
+        OutOfRange past its end. The returned object holds the mapping open."""
+        n = dst.length - offset if length is None else length
+        return _ferry.map_remote(self._e, dst, offset, n, device)
+
     # ------------------------------------------------------------------ peer groups
 
     def add_peer_group(self, peers: Union[Sequence[MrDesc], Sequence[Sequence[NetAddr]]]) -> int:

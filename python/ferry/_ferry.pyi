@@ -332,6 +332,24 @@ class PreparedTransfer:
 
     def __repr__(self) -> str: ...
 
+class MappedRegion:
+    """
+    A peer's registered memory mapped into this process (TransferEngine.map_remote): stores through it land in the peer's region with no transfer or immediate. Exposes __cuda_array_interface__ (GPU memory) or __array_interface__ (host memory) as bytes; holds the mapping open.
+    """
+
+    @property
+    def ptr(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def __cuda_array_interface__(self) -> dict: ...
+    @property
+    def __array_interface__(self) -> dict: ...
+
+def map_remote(engine: Engine, dst: MrDesc, offset: int, length: int, device: str) -> MappedRegion: ...
+
 class Engine:
     """The C++ TransferEngine (use ferry.TransferEngine)."""
 

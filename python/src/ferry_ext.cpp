@@ -1893,4 +1893,7 @@ NB_MODULE(_ferry, m) {
   register_moe(m);  // ferry._ferry._moe (moe_ext.cpp)
   bind_kv(m, EngineAccess{[](nb::handle e) -> TransferEngine& { return nb::cast<E&>(e).native(); },
                           &prepared_of, &retake_gil});  // ferry.kv (kv_ext.cpp)
+  bind_map_remote(
+      m, EngineAccess{[](nb::handle e) -> TransferEngine& { return nb::cast<E&>(e).native(); },
+                      &prepared_of, &retake_gil});  // map_ext.cpp
 }

@@ -19,5 +19,7 @@ struct EngineAccess {
 };
 
 void bind_kv(nanobind::module_& m, const EngineAccess& access);
+// TransferEngine::map_remote as ferry._ferry.map_remote / MappedRegion (map_ext.cpp).
+void bind_map_remote(nanobind::module_& m, const EngineAccess& access);
 
 }  // namespace ferry::py

@@ -136,6 +136,13 @@ struct PostResult {
   Status error;
 };
 
+// A peer's memory mapped into this process; `keep` holds the mapping open
+// (null where none is needed: the peer's memory is this process's own).
+struct MappedRemote {
+  void* ptr = nullptr;
+  std::shared_ptr<const void> keep;
+};
+
 class Domain {
  public:
   virtual ~Domain() = default;
@@ -183,6 +190,18 @@ class Domain {
   virtual int wait_fd() { return -1; }
   // True when it is safe to block on wait_fd() now (libfabric fi_trywait).
   virtual bool can_block() { return false; }
+
+  // [remote_addr, +len) of a peer's region (rkey) as an address this process
+  // can store to: what kernels write straight into a peer's memory with, where
+  // the transport shares memory with its peers (NVLink within a node, the
+  // in-process fake NIC). Others refuse with kUnimplemented.
+  virtual MappedRemote map_remote(PeerId peer, uint64_t rkey, uint64_t remote_addr, size_t len,
+                                  Status* error) {
+    (void)peer, (void)rkey, (void)remote_addr, (void)len;
+    *error =
+        Status(Code::kUnimplemented, "this transport cannot map a peer's memory into this process");
+    return {};
+  }
 };
 
 // Options the engine hands to a domain factory.

@@ -154,6 +154,8 @@ class Worker final : public OpHost {
 
   // --- worker thread only (suffix _wt) -----------------------------------
   void register_wt(Registration& reg, bool remote, Status* err);
+  // The first NIC whose transport maps dst's [offset, +len) into this process.
+  MappedRemote map_remote_wt(const MrDesc& dst, uint64_t offset, size_t len, Status* err);
   PeerGroupHandle add_peer_group_wt(const std::vector<std::vector<NetAddr>>& peers, Status* err);
   // Deregisters an unregistered region now, or once no transfer in flight
   // holds it (then it waits in retired_).

@@ -102,6 +102,29 @@ const std::vector<PeerId>* Worker::group_peers(PeerGroupHandle group, size_t tar
   return &g.peers;
 }
 
+MappedRemote Worker::map_remote_wt(const MrDesc& dst, uint64_t offset, size_t len, Status* err) {
+  Status last(Code::kUnimplemented, "no NIC of this group");
+  const size_t n = std::min(nics_.size(), dst.nics.size());
+  for (uint8_t k = 0; k < n; ++k) {
+    const auto& nic = dst.nics[k];
+    Status e;
+    const PeerId peer = resolve(k, nic.addr, &e);
+    if (!e.is_ok()) {
+      last = std::move(e);
+      continue;
+    }
+    MappedRemote m = nics_[k].domain->map_remote(peer, nic.rkey, nic.base + offset, len, &e);
+    if (e.is_ok()) {
+      *err = Status::ok();
+      return m;
+    }
+    last = Status(e.code(), fmt::format("NIC {} ({}), peer {}: {}", infos_[k].name,
+                                        infos_[k].provider, nic.addr.brief(), e.message()));
+  }
+  *err = std::move(last);
+  return {};
+}
+
 PeerGroupHandle Worker::add_peer_group_wt(const std::vector<std::vector<NetAddr>>& peers,
                                           Status* err) {
   for (size_t g = 0; g < groups_.size(); ++g)

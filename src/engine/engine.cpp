@@ -696,6 +696,27 @@ TransferId TransferEngine::submit_imm(uint32_t imm, const MrDesc& dst, OnDone on
                    core::SingleReq{im.send_pool.reg, 0, 0, core::DstRef::of(dst), 0, imm, route});
 }
 
+MappedRegion TransferEngine::map_remote(const MrDesc& dst, uint64_t offset, uint64_t len,
+                                        Device near) {
+  auto& im = *impl_;
+  auto entered = im.enter();
+  if (len == 0) throw Error(Code::kInvalidArgument, "map_remote: zero length");
+  if (offset > dst.len || len > dst.len - offset)
+    throw Error(Code::kOutOfRange, fmt::format("map_remote: [{}, +{}) outside a region of {} bytes",
+                                               offset, len, dst.len));
+  if (!dst.writable)
+    throw Error(Code::kFailedPrecondition, "map_remote: the region is not writable by peers");
+  auto& w = im.worker_for(near);
+  core::Worker* wp = &w;
+  auto out = std::make_shared<core::MappedRemote>();
+  im.call(w, [wp, dst, offset, len, out] {
+    Status e;
+    *out = wp->map_remote_wt(dst, offset, len, &e);
+    return e;
+  });
+  return MappedRegion(out->ptr, len, std::move(out->keep));
+}
+
 // ------------------------------------------------------------ peer groups
 
 PeerGroupHandle TransferEngine::add_peer_group(const std::vector<std::vector<NetAddr>>& peers) {

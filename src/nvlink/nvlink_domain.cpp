@@ -338,6 +338,26 @@ NvlinkDomain::Target* NvlinkDomain::resolve(Peer& p, uint64_t rkey, Status* erro
   return p.last;
 }
 
+core::MappedRemote NvlinkDomain::map_remote(core::PeerId peer, uint64_t rkey, uint64_t remote_addr,
+                                            size_t len, Status* error) {
+  cudaSetDevice(device_);
+  Peer* p = live_peer(peer, PeerLiveness::Clock::now(), error);
+  if (p == nullptr) return {};
+  Target* t = resolve(*p, rkey, error);
+  if (t == nullptr) return {};
+  if (outside(*t, remote_addr, len)) {
+    *error = Status(Code::kOutOfRange,
+                    fmt::format("nvlink {}: map_remote of {} bytes at {:#x} outside the region "
+                                "[{:#x}, +{}) of {}",
+                                info_.name, len, remote_addr, t->reg_ptr, t->len, peer_name(*p)));
+    return {};
+  }
+  *error = Status::ok();
+  // The mapping stays open while the caller holds it, even once the region
+  // drops out of this domain's table.
+  return {t->base + (remote_addr - t->reg_ptr), t->map};
+}
+
 std::unique_ptr<core::Domain> open_nvlink_domain(const core::DomainOptions& options,
                                                  Status* error) {
   return NvlinkDomain::open(options, error);

@@ -118,6 +118,8 @@ class NvlinkDomain final : public core::Domain {
   // An idle worker (adaptive polling) blocks on the mailbox's wake socket, but
   // only with no copy of ours in flight: CUDA events have no descriptor, so
   // then it naps and polls them.
+  core::MappedRemote map_remote(core::PeerId peer, uint64_t rkey, uint64_t remote_addr, size_t len,
+                                Status* error) override;
   int wait_fd() override { return shm_->wake_fd(); }
   bool can_block() override {
     if (issued_ > 0 || !done_.empty() || inbox_pos_ != inbox_len_ || !sent_.empty()) return false;

@@ -241,6 +241,39 @@ class FakeDomain final : public core::Domain {
     return n;
   }
 
+  // Engines of one process share its memory, so a peer's region is its own
+  // pointer; the key and the bounds are checked as a write would check them.
+  core::MappedRemote map_remote(PeerId peer_id, uint64_t rkey, uint64_t remote_addr, size_t len,
+                                Status* error) override {
+    if (discard_) {
+      *error = Status(Code::kUnimplemented,
+                      fmt::format("fake NIC {}: a discarding NIC maps nothing", info_.name));
+      return {};
+    }
+    Endpoint* peer = find(peer_id, error, "map_remote");
+    if (!peer) return {};
+    std::shared_lock lk(peer->mr_mu);
+    auto it = peer->mrs.find(rkey);
+    if (it == peer->mrs.end() || !it->second.remote_write) {
+      *error = Status(Code::kFailedPrecondition,
+                      fmt::format("fake NIC {}: map_remote: key {} of peer {} is not a registered "
+                                  "writable region",
+                                  info_.name, rkey, peer->id));
+      return {};
+    }
+    const Region& reg = it->second;
+    const uint64_t base = reinterpret_cast<uint64_t>(reg.ptr);
+    if (remote_addr < base || len > reg.len || remote_addr - base > reg.len - len) {
+      *error = Status(Code::kOutOfRange,
+                      fmt::format("fake NIC {}: map_remote of {} bytes at {:#x} outside peer {}'s "
+                                  "region [{:#x}, +{})",
+                                  info_.name, len, remote_addr, peer->id, base, reg.len));
+      return {};
+    }
+    *error = Status();
+    return {reinterpret_cast<void*>(remote_addr), peers_.at(peer_id)};
+  }
+
   int wait_fd() override { return ep_->efd; }
   bool can_block() override {
     return head_ == done_.size() && ep_->inbound_size.load(std::memory_order_acquire) == 0;

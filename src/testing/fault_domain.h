@@ -118,6 +118,10 @@ class FaultDomain : public core::Domain {
     return inner_->add_peer(raw, error);
   }
   void remove_peer(core::PeerId peer) override { inner_->remove_peer(peer); }
+  core::MappedRemote map_remote(core::PeerId peer, uint64_t rkey, uint64_t remote_addr, size_t len,
+                                Status* error) override {
+    return inner_->map_remote(peer, rkey, remote_addr, len, error);
+  }
 
   core::PostResult post_writes(std::span<const core::WriteDesc> writes) override;
   core::PostResult post_send(core::PeerId peer, const void* buf, size_t len, void* local_desc,

@@ -401,3 +401,34 @@ def test_nvlink_cuda_tensors_two_processes():
         a.stop()
         if peer is not None:
             peer.close()
+
+
+def test_nvlink_map_remote_stores_from_torch_into_a_second_process():
+    """map_remote: the peer's GPU memory (CUDA IPC) as a tensor of this process; torch's
+    stores land there, an immediate says they are done."""
+    dst_dev = target_device()
+    size = 4 * MiB
+    a = nvlink_engine(dst_dev)
+    peer = None
+    try:
+        peer = GpuPeer(dst_dev, size)
+        d = peer.desc
+        m = a.map_remote(d, 1 * MiB, 2 * MiB, device=f"cuda:{dst_dev}")
+        assert m.nbytes == 2 * MiB and m.device == f"cuda:{dst_dev}"
+        view = torch.as_tensor(m, device=f"cuda:{dst_dev}")
+        assert view.dtype == torch.uint8 and view.numel() == 2 * MiB
+        src = random_cuda(2 * MiB, dst_dev, seed=5)
+        view.copy_(src)
+        sync(dst_dev)
+        peer.call("count", 31)
+        a.submit_imm(31, d).result(20)
+        got = torch.frombuffer(bytearray(peer.call("wait", 31, 1)), dtype=torch.uint8)
+        expect = torch.zeros(size, dtype=torch.uint8)
+        expect[MiB:3 * MiB] = src.cpu()
+        assert torch.equal(got, expect)
+        with pytest.raises(ferry.OutOfRange):
+            a.map_remote(d, 3 * MiB, 2 * MiB, device=f"cuda:{dst_dev}")
+    finally:
+        a.stop()
+        if peer is not None:
+            peer.close()

@@ -18,8 +18,14 @@ from .quant import ITEMSIZE, np_dtype, quantize_np, quantize_torch
 class NumpyBackend:
     """Host memory: staging and shards are NumPy arrays (bf16 / fp8 via ml_dtypes)."""
 
+    map_device = "cpu"  # where mapped memory is viewed (ferry.rl.mapped)
+
     def pool(self, n: int):
         return np.zeros(n, dtype=np.uint8)
+
+    def mapped(self, region):
+        """A byte view of a peer's memory mapped into this process (host memory)."""
+        return np.asarray(region)
 
     def view(self, pool, off: int, shape, dtype: str):
         n = int(np.prod(shape)) * ITEMSIZE[dtype]
@@ -102,7 +108,20 @@ class TorchBackend:
         self.device = torch.device(device)
         self._stream = None  # begin(): the step's stream; None records on the current one
         self.dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32,
-                       "float8_e4m3fn": torch.float8_e4m3fn, "float16": torch.float16}
+                       "float8_e4m3fn": torch.float8_e4m3fn, "float16": torch.float16, "uint8": torch.uint8}
+
+    @property
+    def map_device(self) -> str:
+        if self.device.type != "cuda":
+            return "cpu"
+        i = self.device.index if self.device.index is not None else self.torch.cuda.current_device()
+        return f"cuda:{i}"
+
+    def mapped(self, region):
+        """A byte view of a peer's memory mapped into this process (the view holds it)."""
+        if self.device.type == "cuda":
+            return self.torch.as_tensor(region, device=self.device)
+        return self.torch.from_numpy(np.asarray(region))
 
     def pool(self, n: int):
         return self.torch.zeros(n, dtype=self.torch.uint8, device=self.device)

@@ -76,7 +76,7 @@ def reference(torch, cfg, recipes, step, device):
 
 def worker(rank: int, port: int, args, out_dir: str) -> None:
     result = {"rank": rank, "mode": dict(resident=args.resident, gather=args.gather, fsdp2=args.fsdp2,
-                                         graphs=args.graphs)}
+                                         graphs=args.graphs, writes=args.writes)}
     try:
         import torch
         import torch.distributed as dist
@@ -124,10 +124,11 @@ def worker(rank: int, port: int, args, out_dir: str) -> None:
             snd = WeightSender(eng, ex, rank=rank, blocks=blocks, trainer_ranks=range(T),
                                inference_ranks=range(T, 4), watermark=args.watermark_mb << 20, backend=be,
                                direct=not args.gather, gpu_timing=not os.environ.get("FERRY_RL_NO_GPU_TIMING"),
-                               graphs=args.graphs)
+                               graphs=args.graphs, mapped={"auto": None, "engine": False, "mapped": True}[args.writes])
             t0 = time.perf_counter()
             sched = snd.setup(120)
             result["setup_s"] = time.perf_counter() - t0
+            result["mapped"], result["map_error"] = snd.mapping is not None, snd.map_error
             result["jobs_owned"] = len(sched.owned(rank))
             result["writes_owned"] = sched.writes_of(rank)
             stats = []
@@ -433,6 +434,9 @@ def main(argv=None) -> int:
                     "full_tensor way) instead of direct writes of each rank's own rows")
     ap.add_argument("--graphs", action="store_true", help="from the second step, replay the first step's device "
                     "work as CUDA graphs (WeightSender(graphs=True))")
+    ap.add_argument("--writes", choices=("auto", "engine", "mapped"), default="auto",
+                    help="the trainers' writes: one-sided through the engine, or stores into the inference "
+                    "weights mapped into the trainer (WeightSender(mapped=...); auto: where they map)")
     ap.add_argument("--fsdp2", action="store_true", help="trainer shards of a transformers Qwen3 (dense) that "
                     "fully_shard (FSDP2) sharded over the trainers, CPU offload unless --resident")
     ap.add_argument("--baselines", default="gloo", help="rank-0 gather + broadcast over: gloo, nccl "
@@ -475,7 +479,9 @@ def main(argv=None) -> int:
 
 
 def summarise(res):
-    s = {"mode": next((r["mode"] for r in res if "mode" in r), None)}
+    s = {"mode": next((r["mode"] for r in res if "mode" in r), None),
+         "mapped": [r.get("mapped") for r in res if "mapped" in r],
+         "map_error": next((r["map_error"] for r in res if r.get("map_error")), None)}
     errs = {r["rank"]: r["error"][-1500:] for r in res if "error" in r}
     if errs:
         s["errors"] = errs

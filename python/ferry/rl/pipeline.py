@@ -30,6 +30,7 @@ import ferry
 from . import schedule as S
 from .meta import TrainerBlock, TrainerMeta
 from .backends import NumpyBackend, TorchBackend
+from .mapped import Mapping
 from .quant import ITEMSIZE, scale_shape
 
 __all__ = ["NumpyBackend", "TorchBackend", "StepStats", "WeightSender", "chrome_trace", "data_imm", "abort_imm"]
@@ -128,7 +129,8 @@ class WeightSender:
                  trainer_ranks: Sequence[int], inference_ranks: Sequence[int], watermark: int,
                  backend: Any = None, controller: int = 0,
                  after_post: Optional[Callable[[int, int], None]] = None, direct: bool = True,
-                 direct_min_bytes: int = S.DIRECT_MIN_BYTES, gpu_timing: bool = False, graphs: bool = False):
+                 direct_min_bytes: int = S.DIRECT_MIN_BYTES, gpu_timing: bool = False, graphs: bool = False,
+                 mapped: Optional[bool] = None):
         self.engine, self.ex, self.rank = engine, exchange, rank
         # direct writes (schedule.build); the controller's choice holds
         self.direct, self.direct_min_bytes = direct, direct_min_bytes
@@ -142,6 +144,11 @@ class WeightSender:
         # graphs: after the first step, replay its device work as CUDA graphs while the shards
         # stay where they are (a trainer's parameters do), where no step exchanges rows
         self.graphs = graphs
+        # mapped: copy into the inference weights mapped into this process, immediates
+        # through the engine (ferry.rl.mapped); None: where every destination maps
+        self.mapped = mapped
+        self.mapping: Optional[Mapping] = None
+        self.map_error: Optional[str] = None  # why the writes are not stores
         self._graphs = self._graph_key = None
         self.graph_error: Optional[str] = None  # why capturing failed (the steps stay eager)
         self.schedule: Optional[S.Schedule] = None
@@ -167,7 +174,19 @@ class WeightSender:
         self._plans: dict = {}
         self._units, self._head = self._make_units()
         self._prepared = {}
+        self._copies = {}  # unit head -> (mapped destinations, ring sources): mapped only
+        if self.mapped is not False:
+            self.mapping, self.map_error = Mapping.open(self.engine, self.backend, where)
+            if self.mapping is None and self.mapped:
+                raise ferry.FailedPrecondition(f"mapped=True but the destinations do not map: {self.map_error}")
+        nics = self.engine.nics_per_group
+        pool_bytes = self.backend.view(self.pool, 0, (self.watermark,), "uint8") if self.mapping else None
         for head, unit in self._units.items():
+            if self.mapping is not None:
+                self._copies[head] = self.mapping.unit_copies(unit, where, pool_bytes)
+                self._prepared[head] = self.engine.prepare_scatter(
+                    self._h, Mapping.imm_dsts(unit, where, lambda n: _route_imm(n, nics)), route=_ROUTE)
+                continue
             dsts = []
             for j in unit:
                 for w in j.writes:
@@ -397,7 +416,7 @@ class WeightSender:
         (shards in place, else the ring), no copies and no writes: for measuring how much
         of a step is conversion (the part the copy-ceiling comparison leaves out)."""
         for unit in self._units.values():
-            self._convert_unit(unit, self._unit_in_place(unit, shards))
+            self._convert_unit(unit, self._unit_in_place(unit, shards), copies=False)
 
     def _shard_key(self, shards) -> tuple:
         """Where every shard the plans read lies: a graph replays only onto these."""
@@ -475,17 +494,20 @@ class WeightSender:
         there (a unit of one job, see _in_place); None where they go into the ring first."""
         return self._in_place(unit[0], shards) if len(unit) == 1 else None
 
-    def _convert_unit(self, unit, views) -> None:
+    def _convert_unit(self, unit, views, copies: bool = True) -> None:
         """Fusion and quantisation of the unit's job from `views` (its parts in place) or,
         with None, from the ring where they were gathered; a unit of several jobs is all
-        passthrough (written as it lies in the ring)."""
+        passthrough (written as it lies in the ring). Mapped: then the copies of its
+        writes into the inference ranks' memory."""
         j = unit[0]
-        if j.passthrough:
-            return
-        if views is None:
-            self._convert(j, self._views[j.id][0], back_to_back=True)
-        else:
-            self._convert(j, views, back_to_back=False)
+        if not j.passthrough:
+            if views is None:
+                self._convert(j, self._views[j.id][0], back_to_back=True)
+            else:
+                self._convert(j, views, back_to_back=False)
+        stores = self._copies.get(j.id) if copies else None
+        if stores is not None and stores[0]:
+            self.backend.copy_many(*stores)
 
     def _in_place(self, j: S.Job, shards):
         """The job's parts where they lie in this rank's shards, when conversion can read

@@ -27,9 +27,12 @@ class Hub:
         self.dead: set[int] = set()
         self._threads = []
 
-    def start(self) -> None:
-        for c in self.child_conns:  # children hold their ends; EOF must mean a child died
-            c.close()
+    def start(self, close_children: bool = True) -> None:
+        # children (processes) hold their ends; EOF must mean a child died. Ranks run
+        # as threads of this process share the ends: close_children=False.
+        if close_children:
+            for c in self.child_conns:
+                c.close()
         for r in range(self.world):
             t = threading.Thread(target=self._serve, args=(r,), daemon=True)
             t.start()

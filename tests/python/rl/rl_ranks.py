@@ -67,7 +67,10 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
         kw = {}
         if case.get("trace_dir") and role == "trainer":
             kw["trace"] = os.path.join(case["trace_dir"], f"trainer{idx}.json")
-        eng = engine_for(case["provider"], default_timeout=case["timeout"], **kw)
+        if case["provider"] == "fake":  # ranks as threads of one process (run_threads)
+            eng = ferry.TransferEngine("fake", nics=["fake"], default_timeout=case["timeout"], **kw)
+        else:
+            eng = engine_for(case["provider"], default_timeout=case["timeout"], **kw)
         steps = case["steps"]
         if role == "trainer":
             blocks = [b for b in M.trainer_blocks(cfg, tl) if idx in b.mesh]
@@ -119,7 +122,8 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
             direct = sum(len(j.holders) == 1 and len(j.mesh) > 1 for j in sched.jobs)
             results.put(("trainer", idx, "ok", [(s.wall_s, s.stages, s.peak_temp_bytes, s.jobs, s.writes,
                                                  len(s.events), s.submits, s.replayed) for s in stats],
-                         (sched.digest(), len(sched.jobs), direct, getattr(backend, "staged", 0))))
+                         (sched.digest(), len(sched.jobs), direct, getattr(backend, "staged", 0),
+                          snd.mapping is not None, snd.map_error)))
         else:
             recipes = M.inference_recipes(cfg, il, idx)
             tensors = {n: np.zeros(shape, dtype=np_dtype(dt)) for n, shape, dt in M.tensor_specs(recipes)}

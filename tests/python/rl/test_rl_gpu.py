@@ -42,14 +42,18 @@ def test_gpu_bench_fsdp2_module_offloaded_bit_exact(tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_gpu_bench_graph_replays_bit_exact(tmp_path):
-    """Resident shards written in place: steps after the first replay CUDA graphs."""
+@pytest.mark.parametrize("writes", ["engine", "mapped"])
+def test_gpu_bench_graph_replays_bit_exact(tmp_path, writes):
+    """Resident shards written in place: steps after the first replay CUDA graphs; the
+    writes through the engine, or as stores into the mapped inference weights."""
     pytest.importorskip("ml_dtypes")
     from ferry.rl import gpu_bench
 
-    rc = gpu_bench.main(["--out", str(tmp_path), "--steps", "3", "--deadline", "180", "--resident", "--graphs"])
+    rc = gpu_bench.main(["--out", str(tmp_path), "--steps", "3", "--deadline", "180", "--resident", "--graphs",
+                         "--writes", writes])
     s = json.loads((tmp_path / "rl-gpu-summary.json").read_text())["summary"]
     assert rc == 0, s.get("errors")
     assert s["bit_exact"] is True
+    assert s["mapped"] == [writes == "mapped"] * 2, (s["mapped"], s["map_error"])
     for rank, steps in s["graphs"].items():
         assert [g["replayed"] for g in steps] == [False, True, True], (rank, steps)

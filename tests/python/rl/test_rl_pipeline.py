@@ -18,6 +18,8 @@ from hub import Hub  # noqa: E402
 
 
 def run_ranks(case: dict, wait: float = 120.0):
+    if case.get("threads"):
+        return run_threads(case, wait)
     ctx = mp.get_context("spawn")
     T = 1
     for v in case["trainer"].values():
@@ -50,6 +52,39 @@ def run_ranks(case: dict, wait: float = 120.0):
     return out, procs
 
 
+class _Done:
+    exitcode = 0
+
+
+def run_threads(case: dict, wait: float):
+    """The ranks as threads of this process, over the in-process fake NIC: what needs
+    peers that share this process's memory (mapped writes)."""
+    import queue
+    import threading
+
+    T = 1
+    for v in case["trainer"].values():
+        T *= v if isinstance(v, int) and not isinstance(v, bool) else 1
+    I = case["inference"].get("instances", 1) * case["inference"]["ep"]
+    hub = Hub(mp, T + I)
+    results: queue.Queue = queue.Queue()
+    threads = []
+    for w in range(T + I):
+        role, idx = ("trainer", w) if w < T else ("inference", w - T)
+        threads.append(threading.Thread(target=rl_ranks.main, args=(role, idx, w, hub.child_conns[w], results, case),
+                                        daemon=True))
+    for t in threads:
+        t.start()
+    hub.start(close_children=False)
+    out = [results.get(timeout=wait) for _ in range(T + I)]
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    crashes = [r for r in out if r[2] == "crash"]
+    assert not crashes, crashes[0][3]
+    return out, [_Done() for _ in threads]
+
+
 CASE = dict(provider="tcp", model="tiny-qwen3-moe", trainer=dict(pp=1, ep=2, fsdp=1),
             inference=dict(instances=1, ep=2, tp=2), watermark=512 << 10, steps=2, timeout=60.0)
 
@@ -66,7 +101,13 @@ MODES = {"default": {}, "direct": dict(trainer=dict(pp=1, ep=1, fsdp=2), sender=
          # the same with the shards offloaded: every piece copied, strided ones (column
          # slices for tensor parallelism) through host buffers refilled before each replay
          "graphs-offload": dict(trainer=dict(pp=1, ep=1, fsdp=2), sender=dict(direct_min_bytes=1, graphs=True),
-                                replay="offload", steps=3)}
+                                replay="offload", steps=3),
+         # the writes as stores into the inference memory mapped into the trainers'
+         # process (ranks as threads over the fake NIC), only immediates through the engine;
+         # default layout (rows sent between trainers), then replayed as graphs
+         "mapped": dict(provider="fake", threads=True, sender=dict(mapped=True)),
+         "mapped-graphs": dict(provider="fake", threads=True, trainer=dict(pp=1, ep=1, fsdp=2),
+                               sender=dict(direct_min_bytes=1, graphs=True, mapped=True), replay=True, steps=3)}
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -89,12 +130,15 @@ def test_two_trainers_two_inference_bit_exact(tmp_path, mode):
         names = report[0][3]
         assert any("qkv_proj.weight_scale_inv" in n for n in names)  # fused and quantised
         assert any("w13_weight" in n for n in names) and any("gate_up_proj" in n for n in names)
+    # mapped where asked, and nowhere else (tcp cannot map: the writes go through the engine)
+    assert all(r[4][4] == mode.startswith("mapped") for r in tr), [r[4] for r in tr]
     if mode == "graphs-offload":  # strided pieces went through host buffers
         assert all(r[4][3] > 0 for r in tr), [r[4] for r in tr]
     for r in tr:
-        assert [x[7] for x in r[3]] == ([False, True, True] if mode.startswith("graphs") else [False] * len(r[3]))
+        replays = mode.startswith("graphs") or mode == "mapped-graphs"
+        assert [x[7] for x in r[3]] == ([False, True, True] if replays else [False] * len(r[3]))
         for wall, stages, peak, jobs, writes, nev, submits, replayed in r[3]:
-            if mode in ("direct", "graphs", "graphs-offload"):  # nothing sent to another trainer
+            if mode in ("direct", "graphs", "graphs-offload", "mapped-graphs"):  # nothing sent to another trainer
                 assert stages["send"] == 0, stages
             assert 0 < peak <= CASE["watermark"]
             assert jobs > 0 and writes >= jobs and nev > 0
