@@ -1,17 +1,22 @@
 """Writes as stores: where the engine can map every inference rank's weight memory into
 the trainer's process (``TransferEngine.map_remote``: ranks on one node over the nvlink
-provider), a unit's bytes are copied from the ring straight into the mapped weights by
-the trainer's own stream, inside the captured CUDA graphs, and only the immediates go
-through the engine: one zero-length write per write replaced, posted once the unit's
-marker passed, so the inference side counts exactly what it counts for real writes.
-That saves the engine a copy launch and a completion event per write; the bytes moved
-are the same."""
+provider), the trainer's own stream puts the bytes there, inside the captured CUDA
+graphs, and only the immediates go through the engine: one zero-length write per write
+replaced, posted once the unit's marker passed, so the inference side counts exactly
+what it counts for real writes. Where a job's output lies in one destination (a
+"home": every view of the output the job's device work writes falls inside one write's
+range), that work writes it there directly, no ring memory and no copy; the other
+writes of the same bytes (replicas) are copied from it. Elsewhere the output goes into
+the ring as usual and each write becomes a copy."""
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
 import ferry
+
+from .quant import ITEMSIZE
+from .schedule import _align
 
 
 class Mapping:
@@ -38,16 +43,54 @@ class Mapping:
             return None, f"{type(e).__name__}: {e}"
         return Mapping(views, regions), None
 
-    def unit_copies(self, unit, where: dict, pool_bytes):
-        """(destination byte views, ring byte views): every write of the unit's jobs."""
+    def dest(self, w, where: dict):
+        """The bytes write `w` targets, as a view of this process."""
+        _, off = where[(w.rank, w.tensor)]
+        a = off + w.dst_offset
+        return self.views[(w.rank, w.tensor)][a:a + w.length]
+
+    def homes(self, j, where: dict) -> list:
+        """[(start, length, byte view, the write it is)]: the job's output ranges kept in
+        their first destination; [] where some view of the output its device work writes
+        (the gathered parts of a job written as it is; the weights, the scales of one
+        converted) would not fall inside one of them, or two writes overlap in part."""
+        homes: list = []
+        for w in j.writes:
+            if any(s == w.src and n == w.length for s, n, _, _ in homes):
+                continue  # a replica: copied from the home
+            if any(s < w.src + w.length and w.src < s + n for s, n, _, _ in homes):
+                return []
+            homes.append((w.src, w.length, self.dest(w, where), w))
+        if j.passthrough:
+            spans, off = [], 0
+            for p, b in j.parts:
+                n = p.rows * p.cols * ITEMSIZE[b.dtype]
+                spans.append((off, n))
+                off += n
+        else:
+            spans = [(0, j.weight_bytes)] + ([(_align(j.weight_bytes), j.scale_bytes)] if j.scale_bytes else [])
+        for a, n in spans:
+            if not any(s <= a and a + n <= s + m for s, m, _, _ in homes):
+                return []
+        return homes
+
+    def unit_copies(self, unit, where: dict, pool_bytes, homes: dict):
+        """(destination byte views, source byte views): every write of the unit's jobs
+        that its device work does not already put in place, from the ring or from the
+        job's home."""
         dsts, srcs = [], []
         for j in unit:
             base = j.pool_offset + j.out_offset
+            mine = homes.get(j.id, ())
             for w in j.writes:
-                _, off = where[(w.rank, w.tensor)]
-                a = off + w.dst_offset
-                dsts.append(self.views[(w.rank, w.tensor)][a:a + w.length])
-                srcs.append(pool_bytes[base + w.src:base + w.src + w.length])
+                if any(hw is w for _, _, _, hw in mine):
+                    continue  # written there by the job's own device work
+                src = next((v[w.src - s:w.src - s + w.length] for s, n, v, _ in mine
+                            if s <= w.src and w.src + w.length <= s + n), None)
+                if src is None:
+                    src = pool_bytes[base + w.src:base + w.src + w.length]
+                dsts.append(self.dest(w, where))
+                srcs.append(src)
         return dsts, srcs
 
     @staticmethod

@@ -21,6 +21,7 @@ The inference rank's side (registers its weights once, counts the step's immedia
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -180,10 +181,26 @@ class WeightSender:
             if self.mapping is None and self.mapped:
                 raise ferry.FailedPrecondition(f"mapped=True but the destinations do not map: {self.map_error}")
         nics = self.engine.nics_per_group
+        owned = self.schedule.owned(self.rank)
+        self._homes = {}  # job id -> its output's homes in the mapped destinations
+        self._scratch_views = None  # issue_conversions': the ring only
+        if self.mapping is not None:
+            for j in owned:
+                h = self.mapping.homes(j, where)
+                if h:
+                    self._homes[j.id] = h
+        # every view of the ring (or of a home) a job uses, made once: per step only the shards' change
+        self._views = {}
+        for j in owned:
+            try:
+                self._views[j.id] = self._ring_views(j)
+            except (RuntimeError, ValueError, TypeError):  # a home this backend cannot view in that dtype
+                self._homes.pop(j.id, None)
+                self._views[j.id] = self._ring_views(j)
         pool_bytes = self.backend.view(self.pool, 0, (self.watermark,), "uint8") if self.mapping else None
         for head, unit in self._units.items():
             if self.mapping is not None:
-                self._copies[head] = self.mapping.unit_copies(unit, where, pool_bytes)
+                self._copies[head] = self.mapping.unit_copies(unit, where, pool_bytes, self._homes)
                 self._prepared[head] = self.engine.prepare_scatter(
                     self._h, Mapping.imm_dsts(unit, where, lambda n: _route_imm(n, nics)), route=_ROUTE)
                 continue
@@ -194,8 +211,6 @@ class WeightSender:
                     dsts.append(ferry.ScatterDst(w.length, j.pool_offset + j.out_offset + w.src, desc,
                                                  off + w.dst_offset))
             self._prepared[head] = self.engine.prepare_scatter(self._h, dsts, route=_ROUTE)
-        # every view of the ring a job uses, made once: per step only the shards' change
-        self._views = {j.id: self._ring_views(j) for j in self.schedule.owned(self.rank)}
         jobs = self.schedule.jobs
         seq = [jobs[jid] for _, ids in self.schedule.rank_sequence(self.rank) for jid in ids]
         self._graphable = self.backend.can_capture() and all(
@@ -254,25 +269,34 @@ class WeightSender:
             close()
         return units, {j.id: head for head, unit in units.items() for j in unit}
 
-    def _ring_views(self, j: S.Job):
+    def _ring_views(self, j: S.Job, homes: bool = True):
         """(the parts where they are gathered, back to back; per part its rows of the
         output and of the scales; the whole input, output and scales when the job
         converts in one pass, else None)."""
         be = self.backend
+        homes = self._homes.get(j.id, ()) if homes else ()
+
+        def at(off: int, shape, dtype: str):  # `off` from the ring's start; in a home if one holds it
+            rel, n = off - j.pool_offset - j.out_offset, math.prod(shape) * ITEMSIZE[dtype]
+            for s, m, mem, _ in homes:
+                if s <= rel and rel + n <= s + m:
+                    return be.view(mem, rel - s, shape, dtype)
+            return be.view(self.pool, off, shape, dtype)
+
         parts, off = [], j.pool_offset
         for p, b in j.parts:
-            parts.append(be.view(self.pool, off, (p.rows, p.cols), b.dtype))
+            parts.append(at(off, (p.rows, p.cols), b.dtype))
             off += p.rows * p.cols * ITEMSIZE[b.dtype]
         if j.passthrough:
             return parts, [], None
         cols = j.parts[0][0].cols
         rows = sum(p.rows for p, _ in j.parts)
-        out = be.view(self.pool, j.pool_offset + j.out_offset, (rows, cols), j.dtype)
+        out = at(j.pool_offset + j.out_offset, (rows, cols), j.dtype)
         sv = None
         if j.scale_bytes:
             scols = scale_shape(1, cols)[1]
-            sv = be.view(self.pool, j.pool_offset + j.out_offset + S._align(j.weight_bytes),
-                         (j.scale_bytes // (4 * scols), scols), "float32")
+            sv = at(j.pool_offset + j.out_offset + S._align(j.weight_bytes),
+                    (j.scale_bytes // (4 * scols), scols), "float32")
         per_part, r, sr = [], 0, 0
         for p, _ in j.parts:
             n = scale_shape(p.rows, p.cols)[0] if sv is not None else 0
@@ -414,9 +438,17 @@ class WeightSender:
     def issue_conversions(self, shards) -> None:
         """Issue the step's fusion and quantisation alone, reading what a step would read
         (shards in place, else the ring), no copies and no writes: for measuring how much
-        of a step is conversion (the part the copy-ceiling comparison leaves out)."""
-        for unit in self._units.values():
-            self._convert_unit(unit, self._unit_in_place(unit, shards), copies=False)
+        of a step is conversion (the part the copy-ceiling comparison leaves out). Outputs
+        go to the ring even where a step converts into a home: the inference weights are
+        live, and the ring's inputs are whatever later jobs left there."""
+        if self._scratch_views is None:
+            self._scratch_views = {jid: self._ring_views(self.schedule.jobs[jid], homes=False) for jid in self._views}
+        views, self._views = self._views, self._scratch_views
+        try:
+            for unit in self._units.values():
+                self._convert_unit(unit, self._unit_in_place(unit, shards), copies=False)
+        finally:
+            self._views = views
 
     def _shard_key(self, shards) -> tuple:
         """Where every shard the plans read lies: a graph replays only onto these."""

@@ -123,7 +123,8 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
             results.put(("trainer", idx, "ok", [(s.wall_s, s.stages, s.peak_temp_bytes, s.jobs, s.writes,
                                                  len(s.events), s.submits, s.replayed) for s in stats],
                          (sched.digest(), len(sched.jobs), direct, getattr(backend, "staged", 0),
-                          snd.mapping is not None, snd.map_error)))
+                          snd.mapping is not None, snd.map_error, len(snd._homes),
+                          sum(len(c[0]) for c in snd._copies.values()))))
         else:
             recipes = M.inference_recipes(cfg, il, idx)
             tensors = {n: np.zeros(shape, dtype=np_dtype(dt)) for n, shape, dt in M.tensor_specs(recipes)}

@@ -132,6 +132,9 @@ def test_two_trainers_two_inference_bit_exact(tmp_path, mode):
         assert any("w13_weight" in n for n in names) and any("gate_up_proj" in n for n in names)
     # mapped where asked, and nowhere else (tcp cannot map: the writes go through the engine)
     assert all(r[4][4] == mode.startswith("mapped") for r in tr), [r[4] for r in tr]
+    if mode.startswith("mapped"):  # jobs converted straight into a destination, others copied there
+        assert all(r[4][6] > 0 for r in tr), [r[4] for r in tr]
+        assert any(r[4][7] > 0 for r in tr), [r[4] for r in tr]
     if mode == "graphs-offload":  # strided pieces went through host buffers
         assert all(r[4][3] > 0 for r in tr), [r[4] for r in tr]
     for r in tr:
