@@ -20,10 +20,8 @@ The inference rank's side (registers its weights once, counts the step's immedia
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import ferry
@@ -32,13 +30,11 @@ from . import schedule as S
 from .meta import TrainerBlock, TrainerMeta
 from .backends import NumpyBackend, TorchBackend
 from .mapped import Mapping
+from .steps import StepStats, _StepRun, abort_imm, chrome_trace, data_imm
 from .quant import ITEMSIZE, scale_shape
 
 __all__ = ["NumpyBackend", "TorchBackend", "StepStats", "WeightSender", "chrome_trace", "data_imm", "abort_imm"]
 
-IMM_DATA = 0x524C0000  # + step % 8
-IMM_ABORT = 0x524C0010  # + step % 8
-STEP_SLOTS = 8
 # Consecutive bf16 jobs of one owner that are written as they are (norms, router
 # weights: a few KiB each) run as one unit: one copy launch, one marker, one prepared
 # scatter. Each job's host work (~0.1 ms on a GPU) otherwise outweighs its bytes.
@@ -47,59 +43,10 @@ UNIT_MAX_JOBS = 16
 _ROUTE = ferry.GroupRoute.shard_peers()
 
 
-def data_imm(step: int) -> int:
-    return IMM_DATA + step % STEP_SLOTS
-
-
-def abort_imm(step: int) -> int:
-    return IMM_ABORT + step % STEP_SLOTS
-
-
 def _tag(step: int, jid: int, part: int) -> int:
     if jid >= 1 << 16 or part >= 64:
         raise ValueError(f"job {jid} part {part}: outside the tag space")
     return ((step & 0x1F) << 22) | (jid << 6) | part
-
-
-@dataclass
-class StepStats:
-    """One trainer rank's step: wall time, per-stage busy time, the timeline."""
-
-    rank: int
-    step: int
-    wall_s: float = 0.0
-    stages: dict = field(default_factory=lambda: {k: 0.0 for k in
-                                                  ("send", "wait_memory", "gather", "h2d", "prepare", "post", "write", "barrier")})
-    events: list = field(default_factory=list)  # (stage, label, t0, t1) in seconds since step start
-    gpu: dict = field(default_factory=lambda: {"h2d": 0.0, "gather": 0.0, "convert": 0.0})  # device seconds
-    peak_temp_bytes: int = 0
-    bytes_written: int = 0
-    writes: int = 0
-    jobs: int = 0
-    submits: int = 0  # prepared scatters posted (a unit of small jobs is one)
-    replayed: bool = False  # the device work was a replay of captured graphs
-
-    def add(self, stage: str, label: str, t0: float, t1: float, base: float) -> None:
-        self.stages[stage] += t1 - t0
-        self.events.append((stage, label, t0 - base, t1 - base))
-
-
-def chrome_trace(stats: Sequence[StepStats], path: Optional[str] = None) -> dict:
-    """Chrome trace (chrome://tracing, Perfetto): one process per rank, one row per stage."""
-    rows = {k: i for i, k in enumerate(("send", "wait_memory", "gather", "h2d", "prepare", "post", "write", "barrier"))}
-    ev = []
-    for st in stats:
-        ev.append({"name": "process_name", "ph": "M", "pid": st.rank, "args": {"name": f"trainer {st.rank} step {st.step}"}})
-        for k, i in rows.items():
-            ev.append({"name": "thread_name", "ph": "M", "pid": st.rank, "tid": i, "args": {"name": k}})
-        for stage, label, t0, t1 in st.events:
-            ev.append({"name": label, "cat": stage, "ph": "X", "pid": st.rank, "tid": rows[stage],
-                       "ts": round(t0 * 1e6, 3), "dur": round(max(t1 - t0, 0) * 1e6, 3)})
-    doc = {"traceEvents": ev, "displayTimeUnit": "ms"}
-    if path:
-        with open(path, "w") as f:
-            json.dump(doc, f)
-    return doc
 
 
 def _gather_meta(exchange, kind: str, meta, controller: int, timeout: float, build: Optional[Callable] = None):
@@ -198,11 +145,19 @@ class WeightSender:
                 self._homes.pop(j.id, None)
                 self._views[j.id] = self._ring_views(j)
         pool_bytes = self.backend.view(self.pool, 0, (self.watermark,), "uint8") if self.mapping else None
+        self._group_prepared = {}  # mapped: MeshGroup -> every immediate of its units, one scatter
+        if self.mapping is not None:
+            for group, ids in self.schedule.rank_sequence(self.rank):
+                imms = []
+                for jid in ids:
+                    if self._head.get(jid) == jid:
+                        unit = self._units[jid]
+                        self._copies[jid] = self.mapping.unit_copies(unit, where, pool_bytes, self._homes)
+                        imms += Mapping.imm_dsts(unit, where, lambda n: _route_imm(n, nics))
+                if imms:
+                    self._group_prepared[group] = self.engine.prepare_scatter(self._h, imms, route=_ROUTE)
         for head, unit in self._units.items():
             if self.mapping is not None:
-                self._copies[head] = self.mapping.unit_copies(unit, where, pool_bytes, self._homes)
-                self._prepared[head] = self.engine.prepare_scatter(
-                    self._h, Mapping.imm_dsts(unit, where, lambda n: _route_imm(n, nics)), route=_ROUTE)
                 continue
             dsts = []
             for j in unit:
@@ -228,12 +183,18 @@ class WeightSender:
             for jid in ids:
                 if self._head.get(jid) != jid:
                     continue
-                waits = {self._head.get(w, w) for u in self._units[jid] for w in u.wait_for}
+                waits = self._reuses(jid)
+                if self.mapping is not None:
+                    waits = set()  # stream order frees the ring (see _StepRun.release)
                 if waits or not cur:
                     cur = []
                     segs.append((group, cur, waits))
                 cur.append(jid)
         return segs
+
+    def _reuses(self, head: int) -> set:
+        """Heads of the units whose ring memory this unit reuses."""
+        return {self._head.get(w, w) for u in self._units[head] for w in u.wait_for}
 
     def _make_units(self):
         """{head job id: the jobs run as one unit}, {job id: its unit's head}: every owned
@@ -404,6 +365,9 @@ class WeightSender:
                 t0 = time.perf_counter()
                 for w in (w for u in unit for w in u.wait_for):
                     h = head_of.get(w, w)
+                    if self.mapping is not None:  # nothing but our stream touches the ring
+                        run.release(h)
+                        continue
                     if pending and pending[0][0] == h:
                         run.post(*pending.pop())
                     run.finish(h)
@@ -487,6 +451,9 @@ class WeightSender:
             for h in waits:
                 run.finish(h)
             for h in heads:
+                if self.mapping is not None:
+                    for r in self._reuses(h):
+                        run.release(r)
                 run.hold(h)
             t1 = time.perf_counter()
             run.add("wait_memory", _label(self._units[heads[0]]), t0, t1)
@@ -626,79 +593,6 @@ class WeightSender:
             self.engine.trace_span(f"step {st.step} {label}", base_ns + int(t0 * 1e9),
                                    base_ns + int(max(t1, t0) * 1e9), f"rl {stage}")
         self.engine.trace_span(f"step {st.step}", base_ns, base_ns + int(st.wall_s * 1e9), "rl step")
-
-
-class _StepRun:
-    """One step's bookkeeping, the eager and the replayed path alike: the units in
-    flight and the ring bytes they hold, the posts, the stage times."""
-
-    def __init__(self, sender: "WeightSender", step: int, timeout: float):
-        self.sender, self.step = sender, step
-        self.st = StepStats(sender.rank, step)
-        self.base = time.perf_counter()
-        self.base_ns = time.monotonic_ns()
-        self.deadline = time.monotonic() + timeout
-        self.inflight: dict[int, tuple[Any, str, float]] = {}  # unit head -> (transfer, label, posted at)
-        self.done_at: dict[int, float] = {}
-        self.live = 0
-        self.prep_end = 0.0
-        self.timed: list = []
-
-    def left(self) -> float:
-        return max(0.0, self.deadline - time.monotonic())
-
-    def add(self, stage: str, label: str, t0: float, t1: float) -> None:
-        self.st.add(stage, label, t0, t1, self.base)
-
-    def hold(self, head: int) -> None:
-        self.live += sum(j.footprint for j in self.sender._units[head])
-        self.st.peak_temp_bytes = max(self.st.peak_temp_bytes, self.live)
-
-    def finish(self, head: int) -> None:
-        """Wait for a posted unit's writes (nothing when it is not in flight)."""
-        if head not in self.inflight:
-            return
-        tr, label, t_post = self.inflight.pop(head)
-        try:
-            tr.result(timeout=self.left())
-        except TimeoutError as e:
-            raise ferry.Timeout(f"step {self.step}: writes of {label} not complete by the deadline") from e
-        self.add("write", label, t_post, self.done_at.get(head, time.perf_counter()))
-        self.live -= sum(j.footprint for j in self.sender._units[head])
-
-    def post(self, head: int, label: str, t_ready: float, mark) -> None:
-        """Post a unit's prepared scatter once its marker passed (stage `prepare` up to
-        then, from when it could start and the previous unit's was done)."""
-        snd, st, be = self.sender, self.st, self.sender.backend
-        if mark is None:
-            be.sync()
-        else:
-            be.wait(mark)
-        t4 = time.perf_counter()
-        self.add("prepare", label, max(t_ready, self.prep_end), t4)
-        self.prep_end = t4
-        tr = snd.engine.submit(snd._prepared[head], imm=data_imm(self.step))
-        tr.add_done_callback(lambda _f, h=head: self.done_at.__setitem__(h, time.perf_counter()))
-        t5 = time.perf_counter()
-        self.add("post", label, t4, t5)
-        self.inflight[head] = (tr, label, t5)
-        st.submits += 1
-        for j in snd._units[head]:
-            st.jobs += 1
-            st.writes += len(j.writes)
-            st.bytes_written += j.sent_bytes
-            if snd.after_post:
-                snd.after_post(self.step, j.id)
-
-    def end_group(self, group: str) -> None:
-        """Every write of the MeshGroup done, then the trainers' barrier."""
-        for h in list(self.inflight):
-            self.finish(h)
-        t0 = time.perf_counter()
-        snd = self.sender
-        snd.ex.flush(self.left())
-        snd.ex.barrier(snd.trainer_ranks, self.left())
-        self.add("barrier", group, t0, time.perf_counter())
 
 
 def _label(unit) -> str:

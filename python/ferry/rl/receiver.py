@@ -12,7 +12,8 @@ import ferry
 from . import schedule as S
 from .backends import NumpyBackend
 from .meta import InferenceMeta, InferenceTensor, Recipe
-from .pipeline import IMM_ABORT, IMM_DATA, STEP_SLOTS, _gather_meta
+from .pipeline import _gather_meta
+from .steps import IMM_ABORT, IMM_DATA, STEP_SLOTS
 from .quant import dtype_name
 
 __all__ = ["WeightReceiver"]
