@@ -583,8 +583,8 @@ class TransferEngine(_Observability):
         into: ``torch.as_tensor(m, device="cuda")`` views it as bytes. Stores carry no
         immediate: say when they are done with one (``submit_imm``) after they completed.
         Raises Unimplemented where the transport cannot map a peer's memory (tcp, shm,
-        efa, verbs), FailedPrecondition for a read-only or unregistered region,
-        OutOfRange past its end. The returned object holds the mapping open."""
+        efa, verbs), FailedPrecondition for a read-only region, NotFound for one the peer
+        unregistered, OutOfRange past its end. The returned object holds the mapping open."""
         n = dst.length - offset if length is None else length
         return _ferry.map_remote(self._e, dst, offset, n, device)
 

@@ -254,10 +254,15 @@ class FakeDomain final : public core::Domain {
     if (!peer) return {};
     std::shared_lock lk(peer->mr_mu);
     auto it = peer->mrs.find(rkey);
-    if (it == peer->mrs.end() || !it->second.remote_write) {
+    if (it == peer->mrs.end()) {
+      *error = Status(Code::kNotFound,
+                      fmt::format("fake NIC {}: map_remote: key {} is not registered at peer {}",
+                                  info_.name, rkey, peer->id));
+      return {};
+    }
+    if (!it->second.remote_write) {
       *error = Status(Code::kFailedPrecondition,
-                      fmt::format("fake NIC {}: map_remote: key {} of peer {} is not a registered "
-                                  "writable region",
+                      fmt::format("fake NIC {}: map_remote: key {} of peer {} is not writable",
                                   info_.name, rkey, peer->id));
       return {};
     }
