@@ -25,7 +25,10 @@ class NumpyBackend:
 
     def mapped(self, region):
         """A byte view of a peer's memory mapped into this process (host memory)."""
-        return np.asarray(region)
+        a = np.asarray(region)
+        if a.__array_interface__["data"][0] != region.ptr:
+            raise ValueError("the mapped memory came back as a copy")
+        return a
 
     def view(self, pool, off: int, shape, dtype: str):
         n = int(np.prod(shape)) * ITEMSIZE[dtype]
@@ -118,10 +121,16 @@ class TorchBackend:
         return f"cuda:{i}"
 
     def mapped(self, region):
-        """A byte view of a peer's memory mapped into this process (the view holds it)."""
+        """A byte view of a peer's memory mapped into this process (the view holds it).
+        ValueError where it is not memory of this backend's device (a peer on another
+        GPU: torch would hand back a copy, and the stores would land in it)."""
         if self.device.type == "cuda":
-            return self.torch.as_tensor(region, device=self.device)
-        return self.torch.from_numpy(np.asarray(region))
+            t = self.torch.as_tensor(region, device=self.device)
+        else:
+            t = self.torch.from_numpy(np.asarray(region))
+        if t.device != self.device or t.data_ptr() != region.ptr:
+            raise ValueError(f"mapped memory on {t.device}, the staging memory on {self.device}")
+        return t
 
     def pool(self, n: int):
         return self.torch.zeros(n, dtype=self.torch.uint8, device=self.device)

@@ -39,7 +39,7 @@ class Mapping:
                 r = engine.map_remote(desc, 0, desc.length, dev)
                 regions.append(r)
                 views[key] = backend.mapped(r)
-        except ferry.FerryError as e:
+        except (ferry.FerryError, ValueError) as e:  # a transport that cannot map; another device
             return None, f"{type(e).__name__}: {e}"
         return Mapping(views, regions), None
 

@@ -17,14 +17,19 @@ import rl_ranks  # noqa: E402
 from hub import Hub  # noqa: E402
 
 
+def _ranks(case: dict) -> tuple[int, int]:
+    """(trainer ranks, inference ranks) of a case."""
+    T = 1
+    for v in case["trainer"].values():
+        T *= v if isinstance(v, int) and not isinstance(v, bool) else 1
+    return T, case["inference"].get("instances", 1) * case["inference"]["ep"]
+
+
 def run_ranks(case: dict, wait: float = 120.0):
     if case.get("threads"):
         return run_threads(case, wait)
     ctx = mp.get_context("spawn")
-    T = 1
-    for v in case["trainer"].values():
-        T *= v if isinstance(v, int) and not isinstance(v, bool) else 1
-    I = case["inference"].get("instances", 1) * case["inference"]["ep"]
+    T, I = _ranks(case)
     hub = Hub(ctx, T + I)
     results = ctx.Queue()
     procs = []
@@ -62,10 +67,7 @@ def run_threads(case: dict, wait: float):
     import queue
     import threading
 
-    T = 1
-    for v in case["trainer"].values():
-        T *= v if isinstance(v, int) and not isinstance(v, bool) else 1
-    I = case["inference"].get("instances", 1) * case["inference"]["ep"]
+    T, I = _ranks(case)
     hub = Hub(mp, T + I)
     results: queue.Queue = queue.Queue()
     threads = []
