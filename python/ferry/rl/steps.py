@@ -93,7 +93,7 @@ class _StepRun:
 
     def hold(self, head: int) -> None:
         self.held.add(head)
-        self.live += sum(j.footprint for j in self.sender._units[head])
+        self.live += self.sender._footprint[head]
         self.st.peak_temp_bytes = max(self.st.peak_temp_bytes, self.live)
 
     def release(self, head: int) -> None:
@@ -102,7 +102,7 @@ class _StepRun:
         stream, which runs the later unit's after the earlier one's."""
         if head in self.held:
             self.held.discard(head)
-            self.live -= sum(j.footprint for j in self.sender._units[head])
+            self.live -= self.sender._footprint[head]
 
     def finish(self, head: int) -> None:
         """Wait for a posted unit's writes (nothing when it is not in flight)."""
