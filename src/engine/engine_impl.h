@@ -1,0 +1,181 @@
+// Private: the state behind TransferEngine (include/ferry/engine.h), shared by
+// engine.cpp (construction, stop, identity, memory, immediates, observability)
+// and engine_submit.cpp (the submit_* and prepare_* calls, peer groups).
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "core/callback_thread.h"
+#include "core/imm_table.h"
+#include "core/log.h"
+#include "core/worker.h"
+#include "cuda/watcher.h"
+#include "engine/domain_families.h"
+#include "engine/memory_access.h"
+#include "engine/placement.h"
+#include "engine/provider_select.h"
+#include "engine/stats.h"
+#include "ferry/engine.h"
+
+namespace ferry {
+namespace engine {
+
+inline constexpr auto kControlTimeout = std::chrono::seconds(30);
+inline constexpr size_t kMaxRecvPools = 64;
+
+// offset + len <= limit without overflow.
+inline bool fits(uint64_t offset, uint64_t len, uint64_t limit) {
+  return offset <= limit && len <= limit - offset;
+}
+
+}  // namespace engine
+
+using core::Clock;
+using core::Command;
+using core::RegRef;
+using engine::fits;
+using engine::kControlTimeout;
+using engine::kMaxRecvPools;
+
+struct TransferEngine::Impl {
+  core::EngineShared shared;
+  // Null unless every worker can be helped; outlives the threads that use it.
+  std::shared_ptr<core::ProgressHelp> help;
+  std::unique_ptr<core::ImmTable> imms;
+  std::unique_ptr<core::CallbackThread> callbacks;
+  std::vector<std::unique_ptr<core::Worker>> workers;
+  cuda::GpuServices gpu;      // watcher thread and GPU flags, created on first use
+  engine::Observability obs;  // statistics, metrics endpoint, timeline
+
+  std::shared_mutex reg_mu;
+  std::unordered_map<uint64_t, RegRef> regs;
+  std::atomic<uint64_t> next_reg_id{1};
+  std::atomic<TransferId> next_transfer{1};
+
+  core::BufferPool send_pool;
+  core::SendBuffers send_free;
+  std::mutex recv_mu;
+  std::vector<std::unique_ptr<core::RecvPool>> recv_pools;
+  size_t num_recv_pools = 0;
+
+  std::atomic<bool> stopped{false};
+  // The statistics as stop() left them, for stats() after stop (guarded by final_mu).
+  std::mutex final_mu;
+  std::optional<EngineStats> final_stats;
+  // The callback thread and the workers, fixed once the constructor returns.
+  std::vector<std::thread::id> own_threads;
+  // API calls in progress: stop() waits for them before it stops the
+  // workers, so no call can touch a worker that stop() is tearing down.
+  std::atomic<int64_t> api_calls{0};
+  std::mutex stop_mu;
+
+  // Held for the length of every public call.
+  class Entered {
+   public:
+    explicit Entered(Impl& im) : im_(im) {
+      im_.api_calls.fetch_add(1, std::memory_order_seq_cst);
+      if (im_.stopped.load(std::memory_order_seq_cst)) {
+        im_.api_calls.fetch_sub(1, std::memory_order_seq_cst);
+        throw Error(Code::kFailedPrecondition, "the transfer engine is stopped");
+      }
+    }
+    ~Entered() { im_.api_calls.fetch_sub(1, std::memory_order_seq_cst); }
+    Entered(const Entered&) = delete;
+    Entered& operator=(const Entered&) = delete;
+
+   private:
+    Impl& im_;
+  };
+  Entered enter() { return Entered(*this); }
+
+  core::Worker& worker_for(Device d) {
+    if (d.is_host()) return *workers[0];
+    for (auto& w : workers)
+      if (w->index() < shared.config.groups.size() && shared.config.groups[w->index()].device == d)
+        return *w;
+    throw Error(Code::kNotFound, fmt::format("no group serves device {}", d.to_string()));
+  }
+
+  RegRef lookup(MrHandle h, const char* what) {
+    std::shared_lock lk(reg_mu);
+    auto it = regs.find(h.id);
+    if (it == regs.end() || it->second->ptr != h.ptr)
+      throw Error(Code::kNotFound,
+                  fmt::format("{}: memory region {} (id {}) is not registered (never registered, "
+                              "or unregistered)",
+                              what, h.ptr, h.id));
+    return it->second;
+  }
+
+  void check_desc(const MrDesc& d, size_t nics, const char* what) {
+    if (d.nics.size() != nics)
+      throw Error(Code::kFailedPrecondition,
+                  fmt::format("{}: descriptor has {} NICs but this group has {} (all peers must "
+                              "use the same number of NICs per GPU)",
+                              what, d.nics.size(), nics));
+    for (const auto& n : d.nics) {
+      if (n.addr.empty())
+        throw Error(Code::kInvalidArgument,
+                    fmt::format("{}: descriptor with an empty address", what));
+    }
+  }
+
+  // A read-only region is no target for any write, immediates and barriers
+  // included: some providers refuse zero-byte writes to a key without
+  // remote write, so refusing all of them here gives one rule everywhere.
+  static void check_writable(const MrDesc& d, const char* what) {
+    if (!d.writable)
+      throw Error(Code::kFailedPrecondition,
+                  fmt::format("{}: the destination region ({} bytes at {:#x}) was registered "
+                              "read-only by its owner",
+                              what, d.len, d.ptr));
+  }
+
+  Clock::time_point deadline(Clock::time_point now = Clock::now()) const {
+    auto d = shared.config.default_deadline;
+    return d.count() > 0 ? now + d : Clock::time_point{};
+  }
+
+  // A request the caller cannot have queued (its group is full, or the engine
+  // stops) throws, and its OnDone never runs; one that is queued has its
+  // OnDone run exactly once.
+  TransferId submit(core::Worker& w, OnDone on_done, core::Request req,
+                    Clock::time_point dl = Clock::time_point::max()) {
+    Command cmd;
+    // One clock read for the deadline and the statistics' submit time (a read
+    // is 20-45 ns, on the caller's way to the wire). A submit that waits for
+    // admission counts that wait as queueing.
+    const bool default_dl = dl == Clock::time_point::max();
+    const auto now = default_dl || core::kStatsEnabled ? Clock::now() : Clock::time_point{};
+    cmd.deadline = default_dl ? deadline(now) : dl;
+    Status st = w.admit(cmd.deadline);
+    if (!st.is_ok()) throw Error(st);
+    cmd.admitted = true;
+    if constexpr (core::kStatsEnabled) cmd.submit_ns = core::ns_of(now);
+    cmd.id = next_transfer.fetch_add(1, std::memory_order_relaxed);
+    cmd.on_done = std::move(on_done);
+    cmd.req = std::move(req);
+    TransferId id = cmd.id;
+    w.submit(std::move(cmd));
+    return id;
+  }
+
+  // fn runs on w's thread and must own its captures (shared state): after a
+  // timeout it may still run.
+  void call(core::Worker& w, std::function<Status()> fn) {
+    Status st = w.call(std::move(fn), kControlTimeout);
+    if (!st.is_ok()) throw Error(st);
+  }
+};
+
+}  // namespace ferry
