@@ -102,6 +102,9 @@ struct EngineConfig {
   // What a submit does when its group is full: wait for room until the
   // request's deadline (kBlock; no deadline: until room or stop), or throw
   // kResourceExhausted at once (kRefuse). Either way the request is not queued.
+  // A submit made on an engine thread (a callback on the worker, a worker-run
+  // watcher) cannot wait: it may use a reserve beyond the limit (an eighth of
+  // it, at least 64) and throws kResourceExhausted once that is used up too.
   QueueFull queue_full = QueueFull::kBlock;
   // Testing only: wrap every NIC in the seeded fault injector, e.g.
   // "seed=7,reorder=0.2,delay_us=50,eagain=0.05,split=0.1,fail=0.001".

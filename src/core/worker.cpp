@@ -30,6 +30,9 @@ constexpr uint32_t kMaxNapDoublings = 4;
 // Longest block in poll(2) when no deadline is nearer; wakes come from the
 // eventfd and the CQs, the timer only runs deadlines and housekeeping.
 constexpr auto kMaxBlock = std::chrono::milliseconds(10);
+// Requests that calls made on a worker thread may admit beyond
+// max_requests_in_flight (at least this many, else an eighth of the limit).
+constexpr uint64_t kWorkerReserveMin = 64;
 
 thread_local bool t_worker_thread = false;
 // The worker whose work this thread does: its own thread's, or the one whose loop
@@ -148,7 +151,21 @@ Status Worker::admit(Clock::time_point deadline) {
                               "max_requests_in_flight)",
                               index_, limit));
   };
-  if (shared_->config.queue_full == QueueFull::kRefuse || on_worker_thread()) return full();
+  if (on_worker_thread()) {
+    // A worker (or a thread doing a worker's work: a callback run there) cannot
+    // wait: it is what makes room. It gets a bounded reserve beyond the limit,
+    // so a callback that answers a completion with a submission is not refused
+    // just because the application filled the group.
+    const uint64_t reserve = std::max<uint64_t>(kWorkerReserveMin, limit / 8);
+    uint64_t cur = inflight_.load(std::memory_order_relaxed);
+    while (cur < limit + reserve)
+      if (inflight_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) return {};
+    return Status(Code::kResourceExhausted,
+                  fmt::format("group {}: {} requests in flight: max_requests_in_flight ({}) and "
+                              "the reserve of calls made on a worker ({}) are used up",
+                              index_, cur, limit, reserve));
+  }
+  if (shared_->config.queue_full == QueueFull::kRefuse) return full();
   blocked_.fetch_add(1, std::memory_order_seq_cst);
   std::unique_lock lk(space_mu_);
   Status st;

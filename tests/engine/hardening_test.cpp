@@ -298,6 +298,43 @@ TEST(Bounded, AFullGroupBlocksTheSubmitterUntilThereIsRoom) {
   EXPECT_EQ(errors.load(), 0u);
 }
 
+// A callback on the worker cannot wait for room (the worker makes it): its
+// submissions use a reserve beyond the limit, which is itself bounded.
+TEST(Bounded, ACallbackOnTheWorkerSubmitsIntoAFullGroupUpToTheReserve) {
+  EngineConfig cfg = test::config_for("fake");
+  cfg.max_requests_in_flight = 2;
+  cfg.queue_full = QueueFull::kBlock;
+  TransferEngine sender(cfg), receiver(test::config_for("fake"));
+  Region on_sender = region(sender, 4096), on_receiver = region(receiver, 4096);
+  const uint8_t msg[4] = {1, 2, 3, 4};
+  std::atomic<uint64_t> sends{0};
+  for (int i = 0; i < 2; ++i)  // full: the receiver posted no receive
+    sender.submit_send(receiver.main_address(), msg, OnDone::counter(sends));
+  constexpr int kReserve = 64;  // max(64, 2 / 8)
+  std::atomic<int> admitted{0}, refused{0}, other{0};
+  std::atomic<uint64_t> imms_done{0}, imm_errors{0};
+  sender.expect_imm_count(
+      40, 1,
+      [&] {
+        for (int i = 0; i < kReserve + 1; ++i) {
+          const Code c = code_of([&] {
+            sender.submit_imm(41, on_receiver.d, OnDone::counter(imms_done, &imm_errors));
+          });
+          (c == Code::kOk ? admitted : c == Code::kResourceExhausted ? refused : other)++;
+        }
+      },
+      CallbackOn::kWorker);
+  auto arrived = receiver.imm_counter(41);
+  receiver.submit_imm(40, on_sender.d, {});
+  ASSERT_TRUE(arrived.wait(kReserve, 20s).is_ok()) << admitted.load() << " admitted";
+  EXPECT_EQ(admitted.load(), kReserve);
+  EXPECT_EQ(refused.load(), 1);
+  EXPECT_EQ(other.load(), 0);
+  ASSERT_TRUE(test::wait_until([&] { return imms_done.load() == kReserve; }, 20s));
+  EXPECT_EQ(imm_errors.load(), 0u);
+  EXPECT_EQ(sends.load(), 0u) << "the two sends are still waiting for receives";
+}
+
 TEST(Bounded, ABlockedSubmitterGivesUpAtItsDeadline) {
   EngineConfig cfg = test::config_for("fake");
   cfg.max_requests_in_flight = 1;
