@@ -41,7 +41,7 @@ class StepStats:
     bytes_written: int = 0
     writes: int = 0
     jobs: int = 0
-    submits: int = 0  # prepared scatters posted (a unit of small jobs is one)
+    submits: int = 0  # prepared scatters posted (a unit of small jobs is one; mapped: one per MeshGroup)
     replayed: bool = False  # the device work was a replay of captured graphs
 
     def add(self, stage: str, label: str, t0: float, t1: float, base: float) -> None:
