@@ -136,15 +136,15 @@ Status SendBuffers::acquire(Clock::time_point deadline, bool wait, uint32_t* out
 
 Status Worker::admit(Clock::time_point deadline) {
   const uint64_t limit = shared_->config.max_requests_in_flight;
-  auto try_admit = [&] {
+  auto try_admit = [&](uint64_t cap) {
     uint64_t cur = inflight_.load(std::memory_order_relaxed);
-    while (cur < limit)
+    while (cur < cap)
       if (inflight_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) return true;
     return false;
   };
   auto stopped = [] { return Status(Code::kFailedPrecondition, "the transfer engine is stopped"); };
   if (closed_.load(std::memory_order_acquire)) return stopped();
-  if (try_admit()) return {};
+  if (try_admit(limit)) return {};
   auto full = [&] {
     return Status(Code::kResourceExhausted,
                   fmt::format("group {}: {} requests in flight (EngineConfig::"
@@ -157,13 +157,11 @@ Status Worker::admit(Clock::time_point deadline) {
     // so a callback that answers a completion with a submission is not refused
     // just because the application filled the group.
     const uint64_t reserve = std::max<uint64_t>(kWorkerReserveMin, limit / 8);
-    uint64_t cur = inflight_.load(std::memory_order_relaxed);
-    while (cur < limit + reserve)
-      if (inflight_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) return {};
+    if (try_admit(limit + reserve)) return {};
     return Status(Code::kResourceExhausted,
                   fmt::format("group {}: {} requests in flight: max_requests_in_flight ({}) and "
                               "the reserve of calls made on a worker ({}) are used up",
-                              index_, cur, limit, reserve));
+                              index_, limit + reserve, limit, reserve));
   }
   if (shared_->config.queue_full == QueueFull::kRefuse) return full();
   blocked_.fetch_add(1, std::memory_order_seq_cst);
@@ -174,11 +172,11 @@ Status Worker::admit(Clock::time_point deadline) {
       st = stopped();
       break;
     }
-    if (try_admit()) break;
+    if (try_admit(limit)) break;
     if (deadline == Clock::time_point{}) {
       space_cv_.wait(lk);
     } else if (space_cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
-      if (!try_admit()) st = full();
+      if (!try_admit(limit)) st = full();
       break;
     }
   }

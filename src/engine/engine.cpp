@@ -321,7 +321,7 @@ MappedRegion TransferEngine::map_remote(const MrDesc& dst, uint64_t offset, uint
   auto& im = *impl_;
   auto entered = im.enter();
   if (len == 0) throw Error(Code::kInvalidArgument, "map_remote: zero length");
-  if (offset > dst.len || len > dst.len - offset)
+  if (!fits(offset, len, dst.len))
     throw Error(Code::kOutOfRange, fmt::format("map_remote: [{}, +{}) outside a region of {} bytes",
                                                offset, len, dst.len));
   if (!dst.writable)

@@ -25,6 +25,11 @@ struct Region {
   uint8_t* ptr = nullptr;
   uint64_t len = 0;
   bool remote_write = false;
+  uint64_t base() const { return reinterpret_cast<uint64_t>(ptr); }
+  // [addr, +n) not inside the region (without overflow).
+  bool outside(uint64_t addr, uint64_t n) const {
+    return addr < base() || n > len || addr - base() > len - n;
+  }
 };
 
 struct RecvBuf {
@@ -267,12 +272,11 @@ class FakeDomain final : public core::Domain {
       return {};
     }
     const Region& reg = it->second;
-    const uint64_t base = reinterpret_cast<uint64_t>(reg.ptr);
-    if (remote_addr < base || len > reg.len || remote_addr - base > reg.len - len) {
+    if (reg.outside(remote_addr, len)) {
       *error = Status(Code::kOutOfRange,
                       fmt::format("fake NIC {}: map_remote of {} bytes at {:#x} outside peer {}'s "
                                   "region [{:#x}, +{})",
-                                  info_.name, len, remote_addr, peer->id, base, reg.len));
+                                  info_.name, len, remote_addr, peer->id, reg.base(), reg.len));
       return {};
     }
     *error = Status();
@@ -314,17 +318,16 @@ class FakeDomain final : public core::Domain {
                       fmt::format("fake NIC {}: write to peer {}: key {} is not registered there",
                                   info_.name, peer.id, w.rkey));
       const Region& reg = it->second;
-      const uint64_t base = reinterpret_cast<uint64_t>(reg.ptr);
       // Zero bytes (an immediate) touch no memory: only the key is checked.
       if (!reg.remote_write && w.len > 0)
         return Status(Code::kFailedPrecondition,
                       fmt::format("fake NIC {}: write to peer {}: key {} is not remotely writable",
                                   info_.name, peer.id, w.rkey));
-      if (w.remote_addr < base || w.len > reg.len || w.remote_addr - base > reg.len - w.len)
+      if (reg.outside(w.remote_addr, w.len))
         return Status(Code::kFailedPrecondition,
                       fmt::format("fake NIC {}: write of {} bytes at {:#x} outside peer {}'s "
                                   "region [{:#x}, +{})",
-                                  info_.name, w.len, w.remote_addr, peer.id, base, reg.len));
+                                  info_.name, w.len, w.remote_addr, peer.id, reg.base(), reg.len));
       if (w.len > 0) std::memcpy(reinterpret_cast<void*>(w.remote_addr), w.src, w.len);
     }
     if (w.has_imm) {
