@@ -157,9 +157,7 @@ class WeightSender:
                         imms += Mapping.imm_dsts(unit, where, lambda n: _route_imm(n, nics))
                 if imms:
                     self._group_prepared[group] = self.engine.prepare_scatter(self._h, imms, route=_ROUTE)
-        for head, unit in self._units.items():
-            if self.mapping is not None:
-                continue
+        for head, unit in self._units.items() if self.mapping is None else ():
             dsts = []
             for j in unit:
                 for w in j.writes:
@@ -184,24 +182,21 @@ class WeightSender:
             for jid in ids:
                 if self._head.get(jid) != jid:
                     continue
-                waits = self._reuses(jid)
-                if self.mapping is not None:
-                    waits = set()  # stream order frees the ring (see _StepRun.release)
+                # mapped: stream order frees the ring (see _StepRun.release)
+                waits = set(self._reuse_of[jid]) if self.mapping is None else set()
                 if waits or not cur:
                     cur = []
                     segs.append((group, cur, waits))
                 cur.append(jid)
         return segs
 
-    def _reuses(self, head: int) -> set:
-        """Heads of the units whose ring memory this unit reuses."""
-        return {self._head.get(w, w) for u in self._units[head] for w in u.wait_for}
-
     def _unit_facts(self) -> None:
-        """Per unit, what every step asks again: its ring bytes and the units it reuses
-        (a step's bookkeeping over a hundred units otherwise costs ~0.4 ms of Python)."""
+        """Per unit, what every step asks again: its ring bytes and the heads of the units
+        whose ring memory it reuses (a step's bookkeeping over a hundred units otherwise
+        costs ~0.4 ms of Python)."""
         self._footprint = {h: sum(j.footprint for j in unit) for h, unit in self._units.items()}
-        self._reuse_of = {h: tuple(self._reuses(h)) for h in self._units}
+        self._reuse_of = {h: tuple({self._head.get(w, w) for u in unit for w in u.wait_for})
+                          for h, unit in self._units.items()}
 
     def _make_units(self):
         """{head job id: the jobs run as one unit}, {job id: its unit's head}: every owned
@@ -414,12 +409,8 @@ class WeightSender:
         live, and the ring's inputs are whatever later jobs left there."""
         if self._scratch_views is None:
             self._scratch_views = {jid: self._ring_views(self.schedule.jobs[jid], homes=False) for jid in self._views}
-        views, self._views = self._views, self._scratch_views
-        try:
-            for unit in self._units.values():
-                self._convert_unit(unit, self._unit_in_place(unit, shards), copies=False)
-        finally:
-            self._views = views
+        for unit in self._units.values():
+            self._convert_unit(unit, self._unit_in_place(unit, shards), scratch=True)
 
     def _shard_key(self, shards) -> tuple:
         """Where every shard the plans read lies: a graph replays only onto these."""
@@ -500,18 +491,20 @@ class WeightSender:
         there (a unit of one job, see _in_place); None where they go into the ring first."""
         return self._in_place(unit[0], shards) if len(unit) == 1 else None
 
-    def _convert_unit(self, unit, views, copies: bool = True) -> None:
+    def _convert_unit(self, unit, views, scratch: bool = False) -> None:
         """Fusion and quantisation of the unit's job from `views` (its parts in place) or,
         with None, from the ring where they were gathered; a unit of several jobs is all
         passthrough (written as it lies in the ring). Mapped: then the copies of its
-        writes into the inference ranks' memory."""
+        writes into the inference ranks' memory. `scratch`: into the ring only, no copies
+        (issue_conversions)."""
         j = unit[0]
+        table = self._scratch_views if scratch else self._views
         if not j.passthrough:
             if views is None:
-                self._convert(j, self._views[j.id][0], back_to_back=True)
+                self._convert(j, table[j.id][0], table[j.id], back_to_back=True)
             else:
-                self._convert(j, views, back_to_back=False)
-        stores = self._copies.get(j.id) if copies else None
+                self._convert(j, views, table[j.id], back_to_back=False)
+        stores = None if scratch else self._copies.get(j.id)
         if stores is not None and stores[0]:
             self.backend.copy_many(*stores)
 
@@ -579,10 +572,10 @@ class WeightSender:
             st.add("h2d", label, t2, t3, base)
         return crossed, t3
 
-    def _convert(self, j: S.Job, views, back_to_back: bool = True) -> None:
+    def _convert(self, j: S.Job, views, ring_views, back_to_back: bool = True) -> None:
         """Fusion and quantisation of the parts (`views`; gathered into the ring back to
-        back, or read in place) into the job's output."""
-        _, per_part, whole = self._views[j.id]
+        back, or read in place) into the job's output (`ring_views`: _ring_views' triple)."""
+        _, per_part, whole = ring_views
         items = [whole] if back_to_back and whole is not None else [(v, o, sc) for v, (o, sc) in zip(views, per_part)]
         for src, out, scales in items:
             if scales is not None:

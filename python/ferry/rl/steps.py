@@ -119,10 +119,17 @@ class _StepRun:
     def post(self, head: int, label: str, t_ready: float, mark) -> None:
         """Post a unit's prepared scatter once its marker passed (stage `prepare` up to
         then, from when it could start and the previous unit's was done)."""
-        snd, be = self.sender, self.sender.backend
+        snd = self.sender
         if snd.mapping is not None:  # the immediates go out with the group's (end_group)
             self.deferred.append((head, label, t_ready, mark))
             return
+        t4 = self._ready(label, t_ready, mark)
+        self._submit(snd._prepared[head], head, label, t4, [head])
+
+    def _ready(self, label: str, t_ready: float, mark) -> float:
+        """Wait for the marker (the device work before it done); stage `prepare` from when
+        the work could start and the previous post was done. Returns the time."""
+        be = self.sender.backend
         if mark is None:
             be.sync()
         else:
@@ -130,7 +137,7 @@ class _StepRun:
         t4 = time.perf_counter()
         self.add("prepare", label, max(t_ready, self.prep_end), t4)
         self.prep_end = t4
-        self._submit(snd._prepared[head], head, label, t4, [head])
+        return t4
 
     def _submit(self, prepared, key, label: str, t4: float, heads) -> None:
         snd, st = self.sender, self.st
@@ -151,17 +158,11 @@ class _StepRun:
     def _post_group(self, group: str) -> None:
         """Mapped: once the group's last unit's marker passed (all its stores are done: one
         stream), every immediate of the group in one prepared scatter."""
-        snd, be = self.sender, self.sender.backend
         heads = [d[0] for d in self.deferred]
         t_ready, mark = self.deferred[0][2], self.deferred[-1][3]
         self.deferred = []
-        if mark is None:
-            be.sync()
-        else:
-            be.wait(mark)
-        t4 = time.perf_counter()
-        self.add("prepare", group, max(t_ready, self.prep_end), t4)
-        self.prep_end = t4
+        t4 = self._ready(group, t_ready, mark)
+        snd = self.sender
         self._submit(snd._group_prepared[group], ("group", group), f"{group} ({len(heads)} units)", t4, heads)
 
     def end_group(self, group: str) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import sys
+import threading
 import time
 
 import pytest
@@ -26,20 +28,26 @@ def _ranks(case: dict) -> tuple[int, int]:
 
 
 def run_ranks(case: dict, wait: float = 120.0):
-    if case.get("threads"):
-        return run_threads(case, wait)
-    ctx = mp.get_context("spawn")
+    """The case's ranks as spawned processes, or (case["threads"]) as threads of this
+    process over the in-process fake NIC: what needs peers that share this process's
+    memory (mapped writes). Returns their reports and the processes (threads: stand-ins
+    with exitcode 0)."""
+    threads = bool(case.get("threads"))
+    if threads:
+        ctx, spawn, results = mp, threading.Thread, queue.Queue()
+    else:
+        ctx = mp.get_context("spawn")
+        spawn, results = ctx.Process, ctx.Queue()
     T, I = _ranks(case)
     hub = Hub(ctx, T + I)
-    results = ctx.Queue()
-    procs = []
+    ranks = []
     for w in range(T + I):
         role, idx = ("trainer", w) if w < T else ("inference", w - T)
-        procs.append(ctx.Process(target=rl_ranks.main, args=(role, idx, w, hub.child_conns[w], results, case),
-                                 daemon=True))
-    for p in procs:
-        p.start()
-    hub.start()
+        ranks.append(spawn(target=rl_ranks.main, args=(role, idx, w, hub.child_conns[w], results, case),
+                           daemon=True))
+    for r in ranks:
+        r.start()
+    hub.start(close_children=not threads)
     expect = T + I - (1 if case.get("die") else 0)
     out = []
     deadline = time.monotonic() + wait
@@ -47,44 +55,19 @@ def run_ranks(case: dict, wait: float = 120.0):
         while len(out) < expect:
             out.append(results.get(timeout=max(1.0, deadline - time.monotonic())))
     finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        for r in ranks:
+            r.join(timeout=30)
+            if r.is_alive() and not threads:
+                r.kill()
+                r.join()
+    assert not any(r.is_alive() for r in ranks)
     crashes = [r for r in out if r[2] == "crash"]
     assert not crashes, crashes[0][3]
-    return out, procs
+    return out, [_Done() for _ in ranks] if threads else ranks
 
 
 class _Done:
     exitcode = 0
-
-
-def run_threads(case: dict, wait: float):
-    """The ranks as threads of this process, over the in-process fake NIC: what needs
-    peers that share this process's memory (mapped writes)."""
-    import queue
-    import threading
-
-    T, I = _ranks(case)
-    hub = Hub(mp, T + I)
-    results: queue.Queue = queue.Queue()
-    threads = []
-    for w in range(T + I):
-        role, idx = ("trainer", w) if w < T else ("inference", w - T)
-        threads.append(threading.Thread(target=rl_ranks.main, args=(role, idx, w, hub.child_conns[w], results, case),
-                                        daemon=True))
-    for t in threads:
-        t.start()
-    hub.start(close_children=False)
-    out = [results.get(timeout=wait) for _ in range(T + I)]
-    for t in threads:
-        t.join(timeout=30)
-    assert not any(t.is_alive() for t in threads)
-    crashes = [r for r in out if r[2] == "crash"]
-    assert not crashes, crashes[0][3]
-    return out, [_Done() for _ in threads]
 
 
 CASE = dict(provider="tcp", model="tiny-qwen3-moe", trainer=dict(pp=1, ep=2, fsdp=1),
