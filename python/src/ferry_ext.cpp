@@ -352,6 +352,8 @@ struct Slot {
 
 // ------------------------------------------------------------------ conversions
 
+}  // namespace
+
 Device parse_device(std::string_view s) {
   if (s == "cpu" || s == "host") return Device::host();
   if (s == "cuda") return Device::cuda(0);
@@ -369,6 +371,8 @@ Device parse_device(std::string_view s) {
 std::string device_str(const Device& d) {
   return d.is_host() ? "cpu" : "cuda:" + std::to_string(d.ordinal);
 }
+
+namespace {
 
 // A contiguous read-only view of a bytes-like object.
 class ByteView {

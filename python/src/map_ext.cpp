@@ -5,7 +5,6 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "kv_ext.h"
@@ -33,17 +32,6 @@ struct PyMapped {
   }
 };
 
-Device device_of(const std::string& s) {
-  if (s == "cpu") return Device::host();
-  if (s.rfind("cuda:", 0) == 0) {
-    char* end = nullptr;
-    const long n = std::strtol(s.c_str() + 5, &end, 10);
-    if (end != s.c_str() + 5 && *end == '\0' && n >= 0 && n < 1024) return Device::cuda(int(n));
-  }
-  throw Error(Code::kInvalidArgument,
-              "map_remote: device must be \"cpu\" or \"cuda:N\", not \"" + s + "\"");
-}
-
 }  // namespace
 
 void bind_map_remote(nb::module_& m, const EngineAccess& access) {
@@ -56,11 +44,7 @@ void bind_map_remote(nb::module_& m, const EngineAccess& access) {
                        "__array_interface__ (host memory) as bytes; holds the mapping open.")
       .def_prop_ro("ptr", &PyMapped::ptr, "Address in this process.")
       .def_prop_ro("nbytes", [](const PyMapped& p) { return p.region.size(); })
-      .def_prop_ro("device",
-                   [](const PyMapped& p) {
-                     return p.device.is_host() ? std::string("cpu")
-                                               : "cuda:" + std::to_string(p.device.ordinal);
-                   })
+      .def_prop_ro("device", [](const PyMapped& p) { return device_str(p.device); })
       .def_prop_ro("__cuda_array_interface__",
                    [](const PyMapped& p) -> nb::object {
                      if (p.device.is_host())
@@ -81,7 +65,7 @@ void bind_map_remote(nb::module_& m, const EngineAccess& access) {
       "map_remote",
       [](nb::handle engine, const MrDesc& dst, uint64_t offset, uint64_t length,
          const std::string& device) {
-        const Device near = device_of(device);
+        const Device near = parse_device(device);
         TransferEngine& e = g_map_access.engine_of(engine);
         PyThreadState* ts = PyEval_SaveThread();
         MappedRegion r;

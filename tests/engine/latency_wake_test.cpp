@@ -42,10 +42,6 @@ bool all_asleep(int64_t workers) {
   return true;
 }
 
-EngineConfig adaptive(const std::string& kind) {
-  return test::adaptive_config_for(kind);
-}
-
 class Wake : public ::testing::TestWithParam<std::string> {};
 
 // Each round starts with both workers blocked: the submitter posts the ping
@@ -53,7 +49,7 @@ class Wake : public ::testing::TestWithParam<std::string> {};
 // worker's fi_trywait came before that post); the receiver's worker wakes
 // through its CQ.
 TEST_P(Wake, BlockedWorkersWakeForASubmissionAndForACompletion) {
-  TransferEngine a(adaptive(GetParam())), b(adaptive(GetParam()));
+  TransferEngine a(test::adaptive_config_for(GetParam())), b(test::adaptive_config_for(GetParam()));
   auto dst = test::region(b, 4096);
   // Counted on the callback thread, not by a counter: a thread waiting on a
   // counter would poll the CQ itself (WaiterPollsForASleepingWorker), and the
@@ -93,7 +89,7 @@ TEST_P(Wake, BlockedWorkersWakeForASubmissionAndForACompletion) {
 // A reply posted from an inline callback (CallbackOn::kWorker) runs on the
 // worker that counted the ping: no hop, and the reply arrives.
 TEST_P(Wake, InlineCallbackRepliesFromTheWorker) {
-  TransferEngine a(adaptive(GetParam())), b(adaptive(GetParam()));
+  TransferEngine a(test::adaptive_config_for(GetParam())), b(test::adaptive_config_for(GetParam()));
   auto on_a = test::region(a, 4096), on_b = test::region(b, 4096);
   std::atomic<int> ran{0};
   std::atomic<bool> off_worker{false};
@@ -117,7 +113,7 @@ TEST_P(Wake, InlineCallbackRepliesFromTheWorker) {
 // An inline callback that throws does not take the worker down: it keeps
 // running it and counting.
 TEST_P(Wake, InlineCallbackThatThrowsIsCounted) {
-  TransferEngine a(adaptive(GetParam())), b(adaptive(GetParam()));
+  TransferEngine a(test::adaptive_config_for(GetParam())), b(test::adaptive_config_for(GetParam()));
   auto on_b = test::region(b, 4096);
   std::atomic<int> ran{0};
   b.expect_imm_count(
@@ -273,8 +269,8 @@ TEST_P(Wake, InlineCallbackOnAHelpingWaiterFiresOnceAndItsReplyGoesOut) {
 // Waiters helping from several threads count each arrival exactly once, and
 // stop() returns while they still spin; their calls after it return false.
 TEST_P(Wake, ConcurrentHelpersCountExactlyAndStopEndsHelping) {
-  TransferEngine a(adaptive(GetParam()));
-  auto b = std::make_unique<TransferEngine>(adaptive(GetParam()));
+  TransferEngine a(test::adaptive_config_for(GetParam()));
+  auto b = std::make_unique<TransferEngine>(test::adaptive_config_for(GetParam()));
   auto on_b = test::region(*b, 4096);
   auto ping = b->imm_counter(7);
   constexpr uint64_t kSent = 2000;

@@ -67,7 +67,7 @@ def main(role: str, idx: int, world_rank: int, conn, results, case: dict) -> Non
         kw = {}
         if case.get("trace_dir") and role == "trainer":
             kw["trace"] = os.path.join(case["trace_dir"], f"trainer{idx}.json")
-        if case["provider"] == "fake":  # ranks as threads of one process (run_threads)
+        if case["provider"] == "fake":  # ranks as threads of one process (run_ranks, "threads")
             eng = ferry.TransferEngine("fake", nics=["fake"], default_timeout=case["timeout"], **kw)
         else:
             eng = engine_for(case["provider"], default_timeout=case["timeout"], **kw)
