@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
 
 #include "ferry/ferry.h"
 #include "support/checks.h"
 #include "support/engine_config.h"
+#include "support/process.h"
 
 namespace ferry {
 namespace {
@@ -83,8 +85,14 @@ TEST_P(MapRemoteFabric, LibfabricProvidersRefuseWithUnimplemented) {
   // The engine stays usable: a write to the same region still lands.
   Region src = region(a, 4096, 9);
   ImmCounter c = b.imm_counter(5);
-  a.submit_single_write(64, 5, src.h, 0, dst.d, 0, {});
-  ASSERT_TRUE(c.wait(1, 20s).is_ok());
+  std::atomic<uint64_t> done{0}, failed{0};
+  a.submit_single_write(64, 5, src.h, 0, dst.d, 0, OnDone::counter(done, &failed));
+  const bool arrived = c.wait(1, 20s).is_ok();
+  // The source stays in use until the sender's own completion, which may come
+  // after the receiver counted the immediate: wait for it before `src` goes.
+  ASSERT_TRUE(test::wait_until([&] { return done.load() + failed.load() == 1; }, 20s));
+  EXPECT_EQ(failed.load(), 0u);
+  ASSERT_TRUE(arrived);
   EXPECT_EQ(std::memcmp(dst.buf.data(), src.buf.data(), 64), 0);
 }
 
