@@ -1,13 +1,11 @@
 // What the other binding files (kv_ext.cpp, map_ext.cpp) take from ferry_ext.cpp,
-// which owns the wrapped engine and prepared-transfer types.
+// which binds the wrapped engine and prepared-transfer types.
 #pragma once
 
 #include <nanobind/nanobind.h>
 
-#include <string>
-#include <string_view>
-
 #include "ferry/engine.h"
+#include "py_args.h"  // parse_device, device_str
 
 namespace ferry::py {
 
@@ -17,14 +15,9 @@ struct EngineAccess {
   // The shape of a ferry.PreparedTransfer (raises for other types).
   PreparedTransfer (*prepared_of)(nanobind::handle prepared);
   // Takes the GIL back after PyEval_SaveThread, or parks the thread for good
-  // when the interpreter is exiting (ferry_ext.cpp's exit gate).
+  // when the interpreter is exiting (the exit gate of py_runtime.h).
   void (*retake_gil)(PyThreadState* ts);
 };
-
-// Device names as every binding takes and gives them (ferry_ext.cpp): "cpu" (or
-// "host"), "cuda" (device 0) or "cuda:N"; anything else throws kInvalidArgument.
-Device parse_device(std::string_view s);
-std::string device_str(const Device& d);
 
 void bind_kv(nanobind::module_& m, const EngineAccess& access);
 // TransferEngine::map_remote as ferry._ferry.map_remote / MappedRegion (map_ext.cpp).
