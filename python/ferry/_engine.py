@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import atexit
-import concurrent.futures
 import logging
-import math
-import numbers
-import operator
 import threading
 import weakref
-from typing import Any, Callable, Generator, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from . import _ferry
+from ._args import _desc_list, _gid_index, _int_arg, _list_arg, _seconds_arg, _str_list_arg
 from ._stats import _Observability
 from ._errors import (
     BY_CODE,
-    FailedPrecondition,
     FerryError,
     InvalidArgument,
     InvalidArgumentType,
-    Timeout,
 )
 from ._ferry import (
     GroupRoute,
@@ -33,6 +28,7 @@ from ._ferry import (
     TransferCounter,
     WriteRoute,
 )
+from ._transfer import Transfer
 
 __all__ = ["TransferEngine", "Transfer", "Group", "OnDone", "PageList"]
 
@@ -57,120 +53,6 @@ def _report_callback_error(where: str, exc: BaseException) -> None:
 _ferry._set_error_classes(dict(BY_CODE))
 _ferry._set_type_error_class(InvalidArgumentType)
 _ferry._set_callback_error_hook(_report_callback_error)
-
-
-# ---------------------------------------------------------------------- argument checks
-# The extension checks the arguments of every call it receives; these cover what is
-# checked in Python (engine configuration, Transfer waits).
-
-
-def _int_arg(value: Any, name: str, lo: int, hi: int, range_text: str) -> int:
-    """An int (or anything with __index__, not bool) in [lo, hi], naming `name` otherwise."""
-    if isinstance(value, bool):
-        raise InvalidArgumentType(f"{name} must be an int, got bool")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise InvalidArgumentType(f"{name} must be an int, got {type(value).__name__}") from None
-    if not lo <= v <= hi:
-        if lo == 0 and v < 0:
-            raise InvalidArgument(f"{name} must not be negative (got {v})")
-        raise InvalidArgument(f"{name} must be in {range_text} (got {v})")
-    return v
-
-
-def _seconds_arg(value: Any, name: str) -> Optional[float]:
-    """None or a non-negative number of seconds; more than 10**9 s (or inf) is None."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidArgumentType(
-            f"{name} must be a number of seconds or None, got {type(value).__name__}"
-        )
-    try:
-        t = float(value)
-    except OverflowError:  # an int beyond float: as good as forever (or negative)
-        t = math.inf if value > 0 else -math.inf
-    if math.isnan(t) or t < 0:
-        raise InvalidArgument(
-            f"{name} must be a non-negative number of seconds or None (got {value!r})"
-        )
-    return None if t > 1e9 else t
-
-
-def _str_list_arg(value: Any, name: str) -> list:
-    if isinstance(value, str):
-        return [value]
-    try:
-        items = list(value)
-    except TypeError:
-        raise InvalidArgumentType(
-            f"{name} must be a list of NIC names (str), got {type(value).__name__}"
-        ) from None
-    for i, n in enumerate(items):
-        if not isinstance(n, str):
-            raise InvalidArgumentType(f"{name}[{i}] must be a NIC name (str), got {type(n).__name__}")
-    return items
-
-
-class Transfer(concurrent.futures.Future):
-    """Completion handle of one submitted transfer (a ``concurrent.futures.Future``).
-
-    It resolves on the engine's callback thread once all local work is done
-    (the NICs reported every piece): ``result()`` returns None or raises the
-    ferry exception (``ferry.Unavailable``, ``ferry.Timeout``, ...). Remote
-    visibility is signalled only by immediates. A transfer cannot be
-    cancelled (``cancel()`` returns False). It is awaitable:
-    ``await engine.submit_write(...)``; ``asyncio.wrap_future(t)`` works too.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.set_running_or_notify_cancel()  # running from the start: cancel() is refused
-        self.id: int = 0  #: the engine's transfer id
-
-    def _check_wait(self) -> None:
-        if not self.done() and _ferry.in_callback():
-            raise FailedPrecondition(
-                "waiting for a transfer inside a ferry callback would block the callback "
-                "thread that completes it; use add_done_callback or on_done instead"
-            )
-
-    def result(self, timeout: Optional[float] = None) -> None:
-        """Wait up to `timeout` seconds (None: forever) for the transfer; raise its error.
-
-        Raises ferry.Timeout (a TimeoutError) when it is still running at the deadline, and
-        ferry.Cancelled when its engine stops first.
-        """
-        timeout = _seconds_arg(timeout, "timeout")
-        self._check_wait()
-        try:
-            return super().result(timeout)
-        except concurrent.futures.TimeoutError:
-            if self.done():  # the transfer itself failed with a timeout-like error
-                raise
-            raise Timeout(f"transfer {self.id} still running after {timeout} s") from None
-
-    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        """Wait like result(); return the transfer's error or None."""
-        timeout = _seconds_arg(timeout, "timeout")
-        self._check_wait()
-        try:
-            return super().exception(timeout)
-        except concurrent.futures.TimeoutError:
-            raise Timeout(f"transfer {self.id} still running after {timeout} s") from None
-
-    def wait(self, timeout: Optional[float] = None) -> None:
-        """Alias of result(timeout)."""
-        return self.result(timeout)
-
-    def __await__(self) -> Generator[Any, None, None]:
-        import asyncio  # here: `import ferry` does not load asyncio
-
-        return asyncio.wrap_future(self).__await__()
-
-    def __repr__(self) -> str:
-        return f"<Transfer id={self.id} {self._state.lower()}>"
 
 
 class Group:
@@ -204,60 +86,6 @@ def _stop_all_engines() -> None:
             e.stop()
         except Exception:  # pragma: no cover
             log.exception("stopping a ferry engine at exit failed")
-
-
-_SCATTER_SHAPE = "ScatterDst or a tuple (length, src_offset, dst[, dst_offset])"
-
-
-def _desc_list(dsts: Iterable[Any]) -> list:
-    try:
-        items = list(dsts)
-    except TypeError:
-        raise InvalidArgumentType(
-            f"dsts must be an iterable of {_SCATTER_SHAPE}, got {type(dsts).__name__}"
-        ) from None
-    out = []
-    for i, d in enumerate(items):
-        if isinstance(d, ScatterDst):
-            out.append(d)
-        elif isinstance(d, (tuple, list)):
-            if len(d) not in (3, 4):
-                raise InvalidArgument(
-                    f"scatter target {i}: expected {_SCATTER_SHAPE}, got a {type(d).__name__} "
-                    f"of {len(d)} item{'' if len(d) == 1 else 's'}"
-                )
-            try:
-                out.append(ScatterDst(*d))
-            except FerryError as e:  # which field: "length must not be negative", ...
-                raise type(e)(f"scatter target {i}: {e}") from None
-        else:
-            raise InvalidArgumentType(
-                f"scatter target {i}: expected {_SCATTER_SHAPE}, got {type(d).__name__}"
-            )
-    return out
-
-
-def _list_arg(value: Any, name: str, what: str) -> list:
-    if isinstance(value, list):
-        return value
-    try:
-        return list(value)
-    except TypeError:
-        raise InvalidArgumentType(
-            f"{name} must be an iterable of {what}, got {type(value).__name__}"
-        ) from None
-
-
-def _gid_index(value: Any) -> int:
-    # The range is the engine's to check (the same error as from C++); refused here
-    # is only what cannot become a C int, as InvalidArgument rather than TypeError.
-    try:
-        index = operator.index(value) if not isinstance(value, bool) else None
-    except TypeError:
-        index = None
-    if index is None or not -(2**31) <= index < 2**31:
-        raise InvalidArgument(f"verbs_gid_index {value!r} (-1 = automatic, else a GID table index)")
-    return index
 
 
 class TransferEngine(_Observability):
