@@ -11,7 +11,6 @@
 #include "topo/text.h"
 
 namespace ferry::topo {
-namespace fs = std::filesystem;
 
 namespace {
 
