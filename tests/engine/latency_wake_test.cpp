@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <thread>
+#include <vector>
 
 #include "core/wake.h"
 #include "core/worker.h"
@@ -148,6 +150,67 @@ TEST_P(Wake, BusyWorkersNeverBlock) {
   EXPECT_EQ(Snapshot::now().notifies, before.notifies);
   EXPECT_EQ(Snapshot::now().inline_posts, before.inline_posts);  // busy: the worker posts
   EXPECT_EQ(Snapshot::now().helped_polls, before.helped_polls);  // ...and polls
+}
+
+// With busy polling a submitter on another thread takes the spinning worker's
+// loop between two of its turns and posts its own request (no queue hop). On a
+// loaded machine the worker may be descheduled and the submitter leaves the
+// request to it: rounds go on until one was posted by the submitter.
+TEST_P(Wake, BusySubmitterPostsBetweenTheWorkersTurns) {
+  EngineConfig c = test::config_for(GetParam());
+  c.poll_mode = PollMode::kBusy;
+  TransferEngine a(c), b(c);
+  if (!a.stats().enabled) GTEST_SKIP() << "statistics compiled out (FERRY_STATS=OFF)";
+  auto dst = test::region(b, 4096);
+  auto ping = b.imm_counter(7);
+  const uint64_t before = a.stats().workers[0].submitter_turns;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  int rounds = 0;
+  while (a.stats().workers[0].submitter_turns == before) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << rounds << " rounds, none borrowed";
+    a.submit_imm(7, dst.d, OnDone::none());
+    ASSERT_TRUE(ping.wait(1, 10s).is_ok()) << "round " << rounds;
+    ++rounds;
+  }
+  EXPECT_EQ(ping.value(), 0);  // each ping arrived once, whoever posted it
+}
+
+// Several threads submitting to one busy engine at once: borrowers take turns
+// on the worker's NICs with each other and with the worker, and every write
+// lands once with its bytes.
+TEST_P(Wake, BusySubmittersFromManyThreadsDeliverEveryWriteOnce) {
+  EngineConfig c = test::config_for(GetParam());
+  c.poll_mode = PollMode::kBusy;
+  TransferEngine a(c), b(c);
+  constexpr int kThreads = 4, kWrites = 200;
+  constexpr size_t kLen = 256;
+  auto src = test::region(a, kThreads * kLen, uint8_t(3));
+  auto dst = test::region(b, kThreads * kWrites * kLen);
+  auto arrived = b.imm_counter(30);
+  std::atomic<uint64_t> done{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kWrites; ++i)
+        a.submit_single_write(kLen, 30, src.h, t * kLen, dst.d, (size_t(t) * kWrites + i) * kLen,
+                              OnDone::counter(done, &errors));
+    });
+  for (auto& th : threads) th.join();
+  ASSERT_TRUE(arrived.wait(kThreads * kWrites, 20s).is_ok());
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (done.load() < uint64_t(kThreads * kWrites))
+    if (std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    else
+      FAIL() << done.load() << " completions";
+  EXPECT_EQ(errors.load(), 0u);
+  EXPECT_EQ(arrived.value(), 0);
+  for (int t = 0; t < kThreads; ++t)
+    for (int i = 0; i < kWrites; ++i) {
+      const uint8_t* got = dst.buf.data() + (size_t(t) * kWrites + i) * kLen;
+      ASSERT_EQ(std::memcmp(got, src.buf.data() + t * kLen, kLen), 0)
+          << "thread " << t << " write " << i;
+    }
 }
 
 // With busy polling the callback thread spins too: a callback that answers an
