@@ -54,14 +54,6 @@ struct AsWorker {
   AsWorker& operator=(const AsWorker&) = delete;
 };
 
-// The worker takes its loop lock back after yielding or blocking. A submitter
-// or a helping waiter holds it for a few microseconds: yield until it is free
-// rather than sleep on the mutex, whose unlock would then cost that thread a
-// futex wake on its way to the wire.
-void relock(std::unique_lock<std::mutex>& loop) {
-  while (!loop.try_lock()) ::sched_yield();
-}
-
 }  // namespace
 
 IdleSpin resolve_idle_spin(std::chrono::microseconds configured) {
@@ -215,11 +207,17 @@ void Worker::submit(Command&& cmd) {
   // it to be scheduled (on a machine with fewer cores than threads, that wait
   // is a context switch). A worker already blocked in poll(2) is still woken
   // below: its fi_trywait came before this post.
+  // A worker spinning on a core of its own (lends_) lends its loop as a busy
+  // one does.
   if (inline_posts_ && !t_worker_thread) {
     std::unique_lock loop(loop_mu_, std::try_to_lock);
-    if (loop.owns_lock() && !stop_.load(std::memory_order_acquire)) {
-      post_inline();  // stopped: the domains may be gone
-      wake_counters().inline_posts.fetch_add(1, std::memory_order_relaxed);
+    if (loop.owns_lock()) {
+      if (!stop_.load(std::memory_order_acquire)) {
+        post_inline();  // stopped: the domains may be gone
+        wake_counters().inline_posts.fetch_add(1, std::memory_order_relaxed);
+      }
+    } else if (lends_) {
+      borrow_and_post();
     }
   }
   if (sleeping_.load(std::memory_order_relaxed)) wake_.notify();
@@ -251,7 +249,7 @@ bool Worker::borrow(std::unique_lock<std::mutex>& loop) {
   constexpr int64_t kBorrowWaitNs = 5'000;
   const int64_t start = now_ns();
   for (uint32_t spins = 0;; ++spins) {
-    if (lent_.load(std::memory_order_acquire) && loop.try_lock()) return true;
+    if (released_.load(std::memory_order_acquire) && loop.try_lock()) return true;
     if (stop_.load(std::memory_order_relaxed)) return false;
     if ((spins & 63) == 63 && now_ns() - start > kBorrowWaitNs) return false;
     cpu_relax();
@@ -264,22 +262,35 @@ bool Worker::borrow(std::unique_lock<std::mutex>& loop) {
 // must still run.
 void Worker::lend(std::unique_lock<std::mutex>& loop) {
   constexpr int64_t kLendNs = 20'000;
-  loop.unlock();
-  lent_.store(true, std::memory_order_release);
+  let_go(loop);
   const int64_t start = now_ns();
   for (uint32_t spins = 0; borrowers_.load(std::memory_order_acquire) != 0; ++spins) {
     if (stop_.load(std::memory_order_relaxed)) break;
     if ((spins & 63) == 63 && now_ns() - start > kLendNs) break;
     cpu_relax();
   }
-  lent_.store(false, std::memory_order_relaxed);
+  released_.store(false, std::memory_order_relaxed);
   while (!loop.try_lock()) cpu_relax();
+}
+
+void Worker::let_go(std::unique_lock<std::mutex>& loop) {
+  loop.unlock();
+  released_.store(true, std::memory_order_release);
+}
+
+// After yielding or blocking. A submitter or a helping waiter holds the lock
+// for a few microseconds: yield until it is free rather than sleep on the
+// mutex, whose unlock would then cost that thread a futex wake on its way to
+// the wire.
+void Worker::take_back(std::unique_lock<std::mutex>& loop) {
+  released_.store(false, std::memory_order_relaxed);
+  while (!loop.try_lock()) ::sched_yield();
 }
 
 bool Worker::help_progress() {
   if (t_worker_thread) return false;
-  // Busy: the worker spins, and lends its loop when asked; adaptive: only a
-  // worker that yields or sleeps has let go of it.
+  // A worker that spins lends its loop when asked; one that yields or sleeps
+  // has let go of it.
   std::optional<Asking> asking;
   std::unique_lock loop(loop_mu_, std::defer_lock);
   if (lends_) {
@@ -361,8 +372,13 @@ void Worker::run(std::promise<Status>* init) {
   const bool any_thread =
       !nics_.empty() &&
       std::all_of(infos_.begin(), infos_.end(), [](const DomainInfo& i) { return i.any_thread; });
+  const IdleSpin spin = resolve_idle_spin(shared_->config.spin_before_block);
   inline_posts_ = any_thread && shared_->config.poll_mode == PollMode::kAdaptive;
-  lends_ = any_thread && shared_->config.poll_mode == PollMode::kBusy;
+  // A worker that spins holding its loop lends it when asked: busy, or
+  // adaptive with a core of its own (spinning without yielding). One that
+  // yields between turns lets go of it anyway; borrowing from it would have
+  // the borrower spin for a thread that may not be running.
+  lends_ = any_thread && (shared_->config.poll_mode == PollMode::kBusy || !spin.yield);
   std::unique_lock loop(loop_mu_);
   init->set_value(st);
   if (!st.is_ok()) return;
@@ -370,14 +386,13 @@ void Worker::run(std::promise<Status>* init) {
   t_worker_thread = true;
   t_doing_work_of = this;
   auto yield_cpu = [&] {
-    loop.unlock();
+    let_go(loop);
     ::sched_yield();
-    relock(loop);
+    take_back(loop);
   };
   // Naps and poll(2) timeouts are short; the default 50 µs of slack would
   // make a 20 µs nap last 70.
   ::prctl(PR_SET_TIMERSLACK, 5'000UL, 0, 0, 0);
-  const IdleSpin spin = resolve_idle_spin(shared_->config.spin_before_block);
   auto last_busy = Clock::now();
   while (!stop_.load(std::memory_order_acquire)) {
     begin_turn();
@@ -501,9 +516,9 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
       timeout = std::clamp(until, std::chrono::milliseconds(1), timeout);
     }
     wc.blocks.fetch_add(1, std::memory_order_relaxed);
-    loop.unlock();
+    let_go(loop);
     const int ready = ::poll(fds, n, int(timeout.count()));
-    relock(loop);
+    take_back(loop);
     if (ready <= 0) {
       wc.by_timer.fetch_add(1, std::memory_order_relaxed);
     } else {
@@ -519,9 +534,9 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
     timespec ts{0, kFirstNapNs << std::min(naps_in_row_, kMaxNapDoublings)};
     ++naps_in_row_;
     // A submission ends the nap early.
-    loop.unlock();
+    let_go(loop);
     ::ppoll(fds, 1, &ts, nullptr);
-    relock(loop);
+    take_back(loop);
   }
   wc.asleep.fetch_sub(1, std::memory_order_relaxed);
   wake_.drain();
