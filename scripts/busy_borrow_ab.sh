@@ -1,16 +1,14 @@
 #!/usr/bin/env bash
 # On the lent H200 host: busy polling with and without borrowing of the worker's loop
-# (docs/PERFORMANCE.md "Borrowing a spinning worker's loop"), three builds alternating
-# in one run: old (the worker posts and polls for everyone), a (submitters of a busy
-# engine borrow the loop to post), c (submitters and spinning waiters borrow it, busy
-# or adaptive on a core of its own). Binaries in .gpu-carry/bin as lat-bench-{old,a,c},
-# lat-chain-{old,c} and latency_wake_tests (of c), stripped; libspdlog, libfmt, libnuma
-# in .gpu-carry/lib.
-#   PART=1  busy pinned ping-pong, 2 rounds x tcp/shm x old/a/c; hops of c
-#   PART=2  latency_wake_tests on 16 CPUs (adaptive workers lend there); throughput
-#           (single, paged) busy pinned old/c; adaptive ping-pong old/c; the GPU chain
-#           over shm old/c under MPS (the nvlink domain lends nothing: only NICs any
-#           thread may call are borrowed)
+# (docs/PERFORMANCE.md "Borrowing a busy worker's loop"), three builds alternating in
+# one run: old (the worker posts and polls for everyone), a (submitters borrow the
+# loop to post), b (submitters and spinning waiters borrow it). Binaries in
+# .gpu-carry/bin as lat-bench-{old,a,b} and lat-chain-{old,b}, stripped; libspdlog,
+# libfmt, libnuma in .gpu-carry/lib.
+#   PART=1  busy pinned ping-pong, 2 rounds x tcp/shm x old/a/b; hops of b
+#   PART=2  throughput (single, paged) busy pinned old/b; adaptive ping-pong old/b;
+#           the GPU chain over shm old/b under MPS (the nvlink domain lends nothing:
+#           only NICs any thread may call are borrowed)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/out}; mkdir -p "$O"
@@ -22,7 +20,7 @@ S=$O/summary.txt
 case ${PART:-1} in
 1)
   f=$O/busy.txt
-  for r in 1 2; do for p in "tcp;ofi_rxm" shm; do for v in old a c; do
+  for r in 1 2; do for p in "tcp;ofi_rxm" shm; do for v in old a b; do
     echo "== round $r $v $p busy, pinned" >> "$f"
     timeout 90 "$B/lat-bench-$v" --provider "$p" "${PIN[@]}" --only imm,sendrecv --seconds 0.4 \
       --repeat 3 >> "$f" 2>&1 || echo "rc=$?" >> "$f"
@@ -31,8 +29,8 @@ case ${PART:-1} in
   f=$O/hops.txt
   for p in "tcp;ofi_rxm" shm; do
     d=/tmp/hops-${p%%;*}; rm -rf "$d"; mkdir -p "$d"
-    echo "== c $p busy, pinned, traced" >> "$f"
-    timeout 60 "$B/lat-bench-c" --provider "$p" "${PIN[@]}" --only imm --seconds 0.3 --no-raw \
+    echo "== b $p busy, pinned, traced" >> "$f"
+    timeout 60 "$B/lat-bench-b" --provider "$p" "${PIN[@]}" --only imm --seconds 0.3 --no-raw \
       --trace-dir "$d" >> "$f" 2>&1 || echo "rc=$?" >> "$f"
     for k in imm imm-cb imm-inl; do
       echo "-- $p $k" >> "$f"
@@ -43,16 +41,15 @@ case ${PART:-1} in
   echo "hops done $(date -u +%T)" >> "$S"
   ;;
 2)
-  timeout 120 "$B/latency_wake_tests" > "$O/wake_tests.txt" 2>&1; echo "wake tests rc=$?" >> "$S"
   f=$O/throughput.txt
-  for p in "tcp;ofi_rxm" shm; do for v in old c; do
+  for p in "tcp;ofi_rxm" shm; do for v in old b; do
     echo "== $v $p busy, pinned" >> "$f"
     timeout 120 "$B/lat-bench-$v" --provider "$p" "${PIN[@]}" --only single,paged --quick \
       >> "$f" 2>&1 || echo "rc=$?" >> "$f"
   done; done
   echo "throughput done $(date -u +%T)" >> "$S"
   f=$O/adaptive.txt
-  for p in "tcp;ofi_rxm" shm; do for v in old c; do
+  for p in "tcp;ofi_rxm" shm; do for v in old b; do
     echo "== $v $p adaptive, unpinned" >> "$f"
     timeout 90 "$B/lat-bench-$v" --provider "$p" --only imm,sendrecv --seconds 0.4 --repeat 3 \
       >> "$f" 2>&1 || echo "rc=$?" >> "$f"
@@ -60,7 +57,7 @@ case ${PART:-1} in
   echo "adaptive done $(date -u +%T)" >> "$S"
   . scripts/mps.sh
   if mps_start "$S"; then
-    for w in thread worker; do for v in old c; do
+    for w in thread worker; do for v in old b; do
       echo "== chain $v shm imm busy (MPS) watch-on $w" >> "$O/chain.txt"
       timeout 40 "$B/lat-chain-$v" --provider shm --op imm --poll busy --watch-on $w \
         --iters 3000 >> "$O/chain.txt" 2>&1

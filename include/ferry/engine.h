@@ -22,9 +22,7 @@ namespace ferry {
 enum class PollMode : uint8_t {
   kAdaptive,  // spin, then back off and block on the CQ / command wakeup (default)
   kBusy,      // spin forever: lowest latency; one core per worker and one for the
-              // callback thread, which spins too. On NICs any thread may drive
-              // (libfabric) a submitting or waiting thread borrows the worker's
-              // NICs between two of its turns and posts or polls itself
+              // callback thread, which spins too
 };
 
 enum class QueueFull : uint8_t { kBlock, kRefuse };
@@ -34,9 +32,9 @@ enum class QueueFull : uint8_t { kBlock, kRefuse };
 // that return within microseconds and never block, typically posting a reply
 // (a submit from a worker never waits for admission: a full group throws
 // kResourceExhausted). With several groups it may run on two workers at once.
-// On NICs any thread may drive (libfabric) it may also run on a thread that
-// polls for the worker from ImmCounter::try_consume or wait (see there), never
-// at the same time as that worker.
+// With adaptive polling it may also run on a thread that polls for an idle
+// worker from ImmCounter::try_consume or wait (see there), never at the same
+// time as that worker.
 enum class CallbackOn : uint8_t { kCallbackThread, kWorker };
 
 // One worker thread and its NICs, serving one GPU (or the host).
@@ -139,12 +137,10 @@ class ImmCounter {
   bool valid() const { return s_ != nullptr; }
   // Arrivals not yet consumed.
   int64_t value() const;
-  // Consume n arrivals if they are there; never blocks. On NICs any thread
-  // may drive (libfabric), a call that finds too few polls the engine's NICs
-  // itself: with adaptive polling when their worker is yielding or asleep, so
-  // an arrival is counted without waiting for that worker to be scheduled;
-  // with busy polling between two turns of the spinning worker, which lends
-  // its NICs when asked (no hand-off from the worker to this thread). The
+  // Consume n arrivals if they are there; never blocks. With adaptive polling
+  // (NICs any thread may drive: libfabric), a call that finds too few polls
+  // the engine's NICs itself when their worker is yielding or asleep, so an
+  // arrival is counted without waiting for that worker to be scheduled; the
   // worker's work found on the way (CallbackOn::kWorker callbacks among it)
   // then runs on the calling thread.
   bool try_consume(int64_t n);

@@ -1,11 +1,9 @@
 // A thread waiting for arrivals (ImmCounter::try_consume, wait) may drive the
-// NICs itself instead of waiting for the worker: with adaptive polling while
-// the worker idles (on a machine with fewer cores than spinning threads each
-// hand-off is a context switch), with busy polling between two of the spinning
-// worker's turns (the arrival is then counted on the waiting thread, with no
-// cache-line hand-off from the worker). The engine installs the hook (NICs any
-// thread may call) and closes it before its workers stop; a counter may
-// outlive its engine, so the hook is shared and checked per use.
+// NICs itself while the worker idles, instead of waiting for the worker to be
+// scheduled: on a machine with fewer cores than spinning threads each such
+// hand-off is a context switch. The engine installs the hook (adaptive polling
+// with NICs any thread may call) and closes it before its workers stop; a
+// counter may outlive its engine, so the hook is shared and checked per use.
 #pragma once
 
 #include <atomic>

@@ -54,6 +54,14 @@ struct AsWorker {
   AsWorker& operator=(const AsWorker&) = delete;
 };
 
+// The worker takes its loop lock back after yielding or blocking. A submitter
+// or a helping waiter holds it for a few microseconds: yield until it is free
+// rather than sleep on the mutex, whose unlock would then cost that thread a
+// futex wake on its way to the wire.
+void relock(std::unique_lock<std::mutex>& loop) {
+  while (!loop.try_lock()) ::sched_yield();
+}
+
 }  // namespace
 
 IdleSpin resolve_idle_spin(std::chrono::microseconds configured) {
@@ -207,17 +215,11 @@ void Worker::submit(Command&& cmd) {
   // it to be scheduled (on a machine with fewer cores than threads, that wait
   // is a context switch). A worker already blocked in poll(2) is still woken
   // below: its fi_trywait came before this post.
-  // A worker spinning on a core of its own (lends_) lends its loop as a busy
-  // one does.
   if (inline_posts_ && !t_worker_thread) {
     std::unique_lock loop(loop_mu_, std::try_to_lock);
-    if (loop.owns_lock()) {
-      if (!stop_.load(std::memory_order_acquire)) {
-        post_inline();  // stopped: the domains may be gone
-        wake_counters().inline_posts.fetch_add(1, std::memory_order_relaxed);
-      }
-    } else if (lends_) {
-      borrow_and_post();
+    if (loop.owns_lock() && !stop_.load(std::memory_order_acquire)) {
+      post_inline();  // stopped: the domains may be gone
+      wake_counters().inline_posts.fetch_add(1, std::memory_order_relaxed);
     }
   }
   if (sleeping_.load(std::memory_order_relaxed)) wake_.notify();
@@ -249,7 +251,7 @@ bool Worker::borrow(std::unique_lock<std::mutex>& loop) {
   constexpr int64_t kBorrowWaitNs = 5'000;
   const int64_t start = now_ns();
   for (uint32_t spins = 0;; ++spins) {
-    if (released_.load(std::memory_order_acquire) && loop.try_lock()) return true;
+    if (lent_.load(std::memory_order_acquire) && loop.try_lock()) return true;
     if (stop_.load(std::memory_order_relaxed)) return false;
     if ((spins & 63) == 63 && now_ns() - start > kBorrowWaitNs) return false;
     cpu_relax();
@@ -262,35 +264,22 @@ bool Worker::borrow(std::unique_lock<std::mutex>& loop) {
 // must still run.
 void Worker::lend(std::unique_lock<std::mutex>& loop) {
   constexpr int64_t kLendNs = 20'000;
-  let_go(loop);
+  loop.unlock();
+  lent_.store(true, std::memory_order_release);
   const int64_t start = now_ns();
   for (uint32_t spins = 0; borrowers_.load(std::memory_order_acquire) != 0; ++spins) {
     if (stop_.load(std::memory_order_relaxed)) break;
     if ((spins & 63) == 63 && now_ns() - start > kLendNs) break;
     cpu_relax();
   }
-  released_.store(false, std::memory_order_relaxed);
+  lent_.store(false, std::memory_order_relaxed);
   while (!loop.try_lock()) cpu_relax();
-}
-
-void Worker::let_go(std::unique_lock<std::mutex>& loop) {
-  loop.unlock();
-  released_.store(true, std::memory_order_release);
-}
-
-// After yielding or blocking. A submitter or a helping waiter holds the lock
-// for a few microseconds: yield until it is free rather than sleep on the
-// mutex, whose unlock would then cost that thread a futex wake on its way to
-// the wire.
-void Worker::take_back(std::unique_lock<std::mutex>& loop) {
-  released_.store(false, std::memory_order_relaxed);
-  while (!loop.try_lock()) ::sched_yield();
 }
 
 bool Worker::help_progress() {
   if (t_worker_thread) return false;
-  // A worker that spins lends its loop when asked; one that yields or sleeps
-  // has let go of it.
+  // Busy: the worker spins, and lends its loop when asked; adaptive: only a
+  // worker that yields or sleeps has let go of it.
   std::optional<Asking> asking;
   std::unique_lock loop(loop_mu_, std::defer_lock);
   if (lends_) {
@@ -372,13 +361,8 @@ void Worker::run(std::promise<Status>* init) {
   const bool any_thread =
       !nics_.empty() &&
       std::all_of(infos_.begin(), infos_.end(), [](const DomainInfo& i) { return i.any_thread; });
-  const IdleSpin spin = resolve_idle_spin(shared_->config.spin_before_block);
   inline_posts_ = any_thread && shared_->config.poll_mode == PollMode::kAdaptive;
-  // A worker that spins holding its loop lends it when asked: busy, or
-  // adaptive with a core of its own (spinning without yielding). One that
-  // yields between turns lets go of it anyway; borrowing from it would have
-  // the borrower spin for a thread that may not be running.
-  lends_ = any_thread && (shared_->config.poll_mode == PollMode::kBusy || !spin.yield);
+  lends_ = any_thread && shared_->config.poll_mode == PollMode::kBusy;
   std::unique_lock loop(loop_mu_);
   init->set_value(st);
   if (!st.is_ok()) return;
@@ -386,13 +370,14 @@ void Worker::run(std::promise<Status>* init) {
   t_worker_thread = true;
   t_doing_work_of = this;
   auto yield_cpu = [&] {
-    let_go(loop);
+    loop.unlock();
     ::sched_yield();
-    take_back(loop);
+    relock(loop);
   };
   // Naps and poll(2) timeouts are short; the default 50 µs of slack would
   // make a 20 µs nap last 70.
   ::prctl(PR_SET_TIMERSLACK, 5'000UL, 0, 0, 0);
+  const IdleSpin spin = resolve_idle_spin(shared_->config.spin_before_block);
   auto last_busy = Clock::now();
   while (!stop_.load(std::memory_order_acquire)) {
     begin_turn();
@@ -516,9 +501,9 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
       timeout = std::clamp(until, std::chrono::milliseconds(1), timeout);
     }
     wc.blocks.fetch_add(1, std::memory_order_relaxed);
-    let_go(loop);
+    loop.unlock();
     const int ready = ::poll(fds, n, int(timeout.count()));
-    take_back(loop);
+    relock(loop);
     if (ready <= 0) {
       wc.by_timer.fetch_add(1, std::memory_order_relaxed);
     } else {
@@ -534,9 +519,9 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
     timespec ts{0, kFirstNapNs << std::min(naps_in_row_, kMaxNapDoublings)};
     ++naps_in_row_;
     // A submission ends the nap early.
-    let_go(loop);
+    loop.unlock();
     ::ppoll(fds, 1, &ts, nullptr);
-    take_back(loop);
+    relock(loop);
   }
   wc.asleep.fetch_sub(1, std::memory_order_relaxed);
   wake_.drain();

@@ -126,8 +126,7 @@ class Worker final : public OpHost {
   // Called on the worker itself (from a callback it runs), fn runs at once.
   Status call(std::function<Status()> fn, std::chrono::milliseconds timeout);
   // A thread waiting for arrivals polls for the worker while the worker yields
-  // or blocks, or (busy polling) between two of its turns (progress_help.h);
-  // false when it could not or found nothing.
+  // or blocks (progress_help.h); false when it could not or found nothing.
   // Immediate callbacks declared CallbackOn::kWorker then run on that thread.
   bool help_progress();
   // Whether help_progress can ever help (NICs any thread may call); known
@@ -195,9 +194,9 @@ class Worker final : public OpHost {
   // A submitter holding loop_mu_: start queued requests and post them; never
   // polls (no user callback runs on the submitter's thread).
   void post_inline();
-  // A submitter asks the spinning worker for its loop lock and posts its
-  // request itself (borrow_and_post); the worker lets go of the lock between
-  // two turns while anyone asks (lend).
+  // Busy polling: a submitter asks the spinning worker for its loop lock and
+  // posts its request itself (borrow_and_post); the worker lets go of the lock
+  // between two turns while anyone asks (lend).
   void borrow_and_post();
   // A borrower asking: counted in borrowers_ while it waits and works.
   struct Asking {
@@ -212,10 +211,6 @@ class Worker final : public OpHost {
   // With `loop` owned when true; false when the worker did not lend in time.
   bool borrow(std::unique_lock<std::mutex>& loop);
   void lend(std::unique_lock<std::mutex>& loop);
-  // The worker lets go of its loop lock (lending, yielding, blocking) and
-  // takes it back.
-  void let_go(std::unique_lock<std::mutex>& loop);
-  void take_back(std::unique_lock<std::mutex>& loop);
   void handle(Command& cmd);
   bool progress_posts();
   bool poll_completions();
@@ -302,15 +297,13 @@ class Worker final : public OpHost {
   // waiting for the worker to be scheduled. Only when every NIC allows it.
   std::mutex loop_mu_;
   bool inline_posts_ = false;
-  // A spinning worker (busy, or adaptive on a core of its own) with NICs any
-  // thread may call lends its loop: submitters and waiters borrow it
-  // (borrow_and_post, help_progress). borrowers_ counts the threads asking,
-  // read by the worker once per turn; released_ says the worker has let go of
-  // loop_mu_ (lending, yielding, blocking). Each on its own line: the worker
-  // polls one, borrowers the other.
+  // Busy polling with NICs any thread may call: submitters borrow the loop
+  // (borrow_and_post). borrowers_ counts the threads asking, read by the worker
+  // once per turn; lent_ says the worker has let go of loop_mu_ and is waiting
+  // for them. Each on its own line: the worker polls one, borrowers the other.
   bool lends_ = false;
   alignas(64) std::atomic<uint32_t> borrowers_{0};
-  alignas(64) std::atomic<bool> released_{false};
+  alignas(64) std::atomic<bool> lent_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;
 
