@@ -237,31 +237,33 @@ void Worker::post_inline() {
 // The queue's hand-off to a spinning worker on another core costs 1-2 µs
 // (docs/PERFORMANCE.md, "The submission hop split"); taking its loop lock
 // between two of its turns costs two cache-line transfers, and the request is
-// posted from the cache of the thread that built it.
+// posted from the cache of the thread that built it. A worker in a long turn
+// (a large transfer's posts) is not waited for: past kBorrowWait the request
+// stays queued for the worker to post.
 void Worker::borrow_and_post() {
-  Asking asking(borrowers_);
-  std::unique_lock loop(loop_mu_, std::defer_lock);
-  if (!borrow(loop)) return;  // the worker posts it
-  if (!stop_.load(std::memory_order_acquire)) post_inline();
-}
-
-// A worker in a long turn (a large transfer's posts) is not waited for: past
-// kBorrowWaitNs the borrower leaves its work to the worker.
-bool Worker::borrow(std::unique_lock<std::mutex>& loop) {
   constexpr int64_t kBorrowWaitNs = 5'000;
+  borrowers_.fetch_add(1, std::memory_order_seq_cst);
+  std::unique_lock loop(loop_mu_, std::defer_lock);
   const int64_t start = now_ns();
   for (uint32_t spins = 0;; ++spins) {
-    if (lent_.load(std::memory_order_acquire) && loop.try_lock()) return true;
-    if (stop_.load(std::memory_order_relaxed)) return false;
-    if ((spins & 63) == 63 && now_ns() - start > kBorrowWaitNs) return false;
+    if (lent_.load(std::memory_order_acquire) && loop.try_lock()) break;
+    if (stop_.load(std::memory_order_relaxed)) break;
+    if ((spins & 63) == 63 && now_ns() - start > kBorrowWaitNs) break;
     cpu_relax();
   }
+  if (loop.owns_lock()) {
+    if (!stop_.load(std::memory_order_acquire)) {
+      post_inline();
+    }
+    loop.unlock();
+  }
+  borrowers_.fetch_sub(1, std::memory_order_release);
 }
 
 // Between two turns of a busy worker: let the borrowers in, wait (spinning)
 // until none is left, then take the loop back. A stream of borrowers cannot
-// keep the worker out for longer than kLendNs at a time: deadlines and hooks
-// must still run.
+// keep the worker out for longer than kLendNs at a time: completions must still
+// be polled.
 void Worker::lend(std::unique_lock<std::mutex>& loop) {
   constexpr int64_t kLendNs = 20'000;
   loop.unlock();
@@ -277,18 +279,9 @@ void Worker::lend(std::unique_lock<std::mutex>& loop) {
 }
 
 bool Worker::help_progress() {
-  if (t_worker_thread) return false;
-  // Busy: the worker spins, and lends its loop when asked; adaptive: only a
-  // worker that yields or sleeps has let go of it.
-  std::optional<Asking> asking;
-  std::unique_lock loop(loop_mu_, std::defer_lock);
-  if (lends_) {
-    asking.emplace(borrowers_);
-    if (!borrow(loop)) return false;
-  } else if (!inline_posts_ || !loop.try_lock()) {
-    return false;
-  }
-  if (stop_.load(std::memory_order_acquire)) return false;
+  if (!inline_posts_ || t_worker_thread) return false;
+  std::unique_lock loop(loop_mu_, std::try_to_lock);
+  if (!loop.owns_lock() || stop_.load(std::memory_order_acquire)) return false;
   AsWorker as_worker(this);
   begin_turn();
   bool busy = drain_commands();

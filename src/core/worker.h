@@ -129,9 +129,9 @@ class Worker final : public OpHost {
   // or blocks (progress_help.h); false when it could not or found nothing.
   // Immediate callbacks declared CallbackOn::kWorker then run on that thread.
   bool help_progress();
-  // Whether help_progress can ever help (NICs any thread may call); known
-  // once start() returned.
-  bool can_help() const { return inline_posts_ || lends_; }
+  // Whether help_progress can ever help (adaptive polling, NICs any thread
+  // may call); known once start() returned.
+  bool can_help() const { return inline_posts_; }
   // Wakes submitters blocked in admit(); they return kFailedPrecondition.
   void close_admission();
   uint64_t in_flight() const { return inflight_.load(std::memory_order_relaxed); }
@@ -198,18 +198,6 @@ class Worker final : public OpHost {
   // posts its request itself (borrow_and_post); the worker lets go of the lock
   // between two turns while anyone asks (lend).
   void borrow_and_post();
-  // A borrower asking: counted in borrowers_ while it waits and works.
-  struct Asking {
-    explicit Asking(std::atomic<uint32_t>& n) : n_(n) {
-      n_.fetch_add(1, std::memory_order_seq_cst);
-    }
-    ~Asking() { n_.fetch_sub(1, std::memory_order_release); }
-    Asking(const Asking&) = delete;
-    Asking& operator=(const Asking&) = delete;
-    std::atomic<uint32_t>& n_;
-  };
-  // With `loop` owned when true; false when the worker did not lend in time.
-  bool borrow(std::unique_lock<std::mutex>& loop);
   void lend(std::unique_lock<std::mutex>& loop);
   void handle(Command& cmd);
   bool progress_posts();
