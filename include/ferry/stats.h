@@ -58,10 +58,6 @@ struct WorkerStats {
   LatencyHistogram queue_delay;                      // submit -> end of the turn that took it
   uint64_t registrations = 0, registered_bytes = 0;
   LatencyHistogram registration_time;
-  // Times a submitting thread posted the queued requests itself instead of
-  // leaving them to the worker: while an adaptive worker yielded or slept, or
-  // between two turns of a busy one.
-  uint64_t submitter_turns = 0;
 };
 
 struct ImmValueStats {

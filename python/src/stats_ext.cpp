@@ -66,7 +66,6 @@ nb::dict to_dict(const EngineStats& s) {
     x["registrations"] = w.registrations;
     x["registered_bytes"] = w.registered_bytes;
     x["registration_time"] = histogram(w.registration_time);
-    x["submitter_turns"] = w.submitter_turns;
     workers.append(x);
   }
   d["workers"] = workers;

@@ -205,7 +205,6 @@ class WorkerCounters {
   StatHistogram queue_delay;                     // submit -> the worker takes it
   StatCounter registrations, registered_bytes;
   StatHistogram registration_time;
-  StatCounter submitter_turns;  // a submitting thread took the loop lock and posted
 
   // --- any thread --------------------------------------------------------
   size_t peer_count() const { return published_.load(std::memory_order_acquire); }

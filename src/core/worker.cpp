@@ -12,7 +12,6 @@
 #include <utility>
 
 #include "core/callback_thread.h"
-#include "core/cpu_relax.h"
 #include "core/log.h"
 
 namespace ferry::core {
@@ -202,11 +201,8 @@ void Worker::close_admission() {
 
 void Worker::submit(Command&& cmd) {
   queue_.enqueue(std::move(cmd));
-  // A busy worker never sleeps; it lends its loop to a submitter that asks.
-  if (shared_->config.poll_mode == PollMode::kBusy) {
-    if (lends_ && !t_worker_thread) borrow_and_post();
-    return;
-  }
+  // A busy worker never sleeps and never lets a submitter post for it.
+  if (shared_->config.poll_mode == PollMode::kBusy) return;
   // The store of the command and the load of sleeping_ must not be
   // reordered (idle_wait has the mirror fence): otherwise the worker can go
   // to sleep with this command queued and nobody to wake it.
@@ -217,10 +213,8 @@ void Worker::submit(Command&& cmd) {
   // below: its fi_trywait came before this post.
   if (inline_posts_ && !t_worker_thread) {
     std::unique_lock loop(loop_mu_, std::try_to_lock);
-    if (loop.owns_lock() && !stop_.load(std::memory_order_acquire)) {
+    if (loop.owns_lock() && !stop_.load(std::memory_order_acquire))
       post_inline();  // stopped: the domains may be gone
-      wake_counters().inline_posts.fetch_add(1, std::memory_order_relaxed);
-    }
   }
   if (sleeping_.load(std::memory_order_relaxed)) wake_.notify();
 }
@@ -231,51 +225,7 @@ void Worker::post_inline() {
   drain_commands();
   progress_posts();
   end_turn();
-  stats_.submitter_turns.add();  // under the loop lock: one writer at a time
-}
-
-// The queue's hand-off to a spinning worker on another core costs 1-2 µs
-// (docs/PERFORMANCE.md, "The submission hop split"); taking its loop lock
-// between two of its turns costs two cache-line transfers, and the request is
-// posted from the cache of the thread that built it. A worker in a long turn
-// (a large transfer's posts) is not waited for: past kBorrowWait the request
-// stays queued for the worker to post.
-void Worker::borrow_and_post() {
-  constexpr int64_t kBorrowWaitNs = 5'000;
-  borrowers_.fetch_add(1, std::memory_order_seq_cst);
-  std::unique_lock loop(loop_mu_, std::defer_lock);
-  const int64_t start = now_ns();
-  for (uint32_t spins = 0;; ++spins) {
-    if (lent_.load(std::memory_order_acquire) && loop.try_lock()) break;
-    if (stop_.load(std::memory_order_relaxed)) break;
-    if ((spins & 63) == 63 && now_ns() - start > kBorrowWaitNs) break;
-    cpu_relax();
-  }
-  if (loop.owns_lock()) {
-    if (!stop_.load(std::memory_order_acquire)) {
-      post_inline();
-    }
-    loop.unlock();
-  }
-  borrowers_.fetch_sub(1, std::memory_order_release);
-}
-
-// Between two turns of a busy worker: let the borrowers in, wait (spinning)
-// until none is left, then take the loop back. A stream of borrowers cannot
-// keep the worker out for longer than kLendNs at a time: completions must still
-// be polled.
-void Worker::lend(std::unique_lock<std::mutex>& loop) {
-  constexpr int64_t kLendNs = 20'000;
-  loop.unlock();
-  lent_.store(true, std::memory_order_release);
-  const int64_t start = now_ns();
-  for (uint32_t spins = 0; borrowers_.load(std::memory_order_acquire) != 0; ++spins) {
-    if (stop_.load(std::memory_order_relaxed)) break;
-    if ((spins & 63) == 63 && now_ns() - start > kLendNs) break;
-    cpu_relax();
-  }
-  lent_.store(false, std::memory_order_relaxed);
-  while (!loop.try_lock()) cpu_relax();
+  wake_counters().inline_posts.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool Worker::help_progress() {
@@ -351,11 +301,9 @@ void Worker::run(std::promise<Status>* init) {
   rr = &rr_;
   send_pool = shared_->send_pool;
   send_free = shared_->send_free;
-  const bool any_thread =
-      !nics_.empty() &&
+  inline_posts_ =
+      shared_->config.poll_mode == PollMode::kAdaptive && !nics_.empty() &&
       std::all_of(infos_.begin(), infos_.end(), [](const DomainInfo& i) { return i.any_thread; });
-  inline_posts_ = any_thread && shared_->config.poll_mode == PollMode::kAdaptive;
-  lends_ = any_thread && shared_->config.poll_mode == PollMode::kBusy;
   std::unique_lock loop(loop_mu_);
   init->set_value(st);
   if (!st.is_ok()) return;
@@ -382,7 +330,6 @@ void Worker::run(std::promise<Status>* init) {
     busy |= poll_completions();
     note_gauges();
     end_turn();
-    if (lends_ && borrowers_.load(std::memory_order_relaxed) != 0) lend(loop);
     const auto now = Clock::time_point(std::chrono::nanoseconds(turn_ns()));
     if (now - last_deadline_scan_ > std::chrono::milliseconds(1)) {
       last_deadline_scan_ = now;

@@ -194,11 +194,6 @@ class Worker final : public OpHost {
   // A submitter holding loop_mu_: start queued requests and post them; never
   // polls (no user callback runs on the submitter's thread).
   void post_inline();
-  // Busy polling: a submitter asks the spinning worker for its loop lock and
-  // posts its request itself (borrow_and_post); the worker lets go of the lock
-  // between two turns while anyone asks (lend).
-  void borrow_and_post();
-  void lend(std::unique_lock<std::mutex>& loop);
   void handle(Command& cmd);
   bool progress_posts();
   bool poll_completions();
@@ -285,13 +280,6 @@ class Worker final : public OpHost {
   // waiting for the worker to be scheduled. Only when every NIC allows it.
   std::mutex loop_mu_;
   bool inline_posts_ = false;
-  // Busy polling with NICs any thread may call: submitters borrow the loop
-  // (borrow_and_post). borrowers_ counts the threads asking, read by the worker
-  // once per turn; lent_ says the worker has let go of loop_mu_ and is waiting
-  // for them. Each on its own line: the worker polls one, borrowers the other.
-  bool lends_ = false;
-  alignas(64) std::atomic<uint32_t> borrowers_{0};
-  alignas(64) std::atomic<bool> lent_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;
 

@@ -151,9 +151,6 @@ std::string prometheus_text(const EngineStats& s) {
                &WorkerStats::registrations);
   group_metric("ferry_registered_bytes_total", "counter", "Bytes registered",
                &WorkerStats::registered_bytes);
-  group_metric("ferry_submitter_turns_total", "counter",
-               "Times a submitting thread posted queued requests for the worker",
-               &WorkerStats::submitter_turns);
   auto group_hist = [&](const char* name, const char* help, auto field) {
     w.header(name, "histogram", help);
     for (const auto& g : s.workers)

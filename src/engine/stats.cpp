@@ -126,7 +126,6 @@ EngineStats snapshot(const StatsSources& src) {
     ws.registrations = c.registrations.get();
     ws.registered_bytes = c.registered_bytes.get();
     ws.registration_time = histogram_of(c.registration_time);
-    ws.submitter_turns = c.submitter_turns.get();
     s.workers.push_back(std::move(ws));
 
     const size_t first_nic = s.nics.size();
