@@ -29,11 +29,6 @@ void relax(const Options& o) {
     std::this_thread::yield();
 }
 
-struct FerryServerPoint {
-  std::unique_ptr<ferry::TransferEngine> engine;
-  std::vector<ferry::MrDesc> descs;
-};
-
 }  // namespace
 
 void serve_ferry(Region& reg, const Options& o, int fd, const Point& p, uint64_t seed,
