@@ -31,6 +31,7 @@
 #include "fabric/fabric_domain.h"
 #include "fabric/fabric_domain_impl.h"
 #include "fabric/shm_leftovers.h"
+#include "fabric/shm_parking.h"
 
 namespace ferry::fabric {
 
@@ -328,6 +329,10 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
   d->info_.any_thread = true;
   d->rxm_ = d->info_.provider.find("ofi_rxm") != std::string::npos;
   d->shm_ = d->info_.provider == "shm";
+  if (d->shm_) {
+    ShmParking::instance().opened();
+    d->parks_ = true;
+  }
   d->socket_probe_ = d->info_.provider.starts_with("tcp") && ConnectProbe::is_inet(d->address_);
   if (d->shm_) {
     const std::string_view own(
@@ -738,16 +743,25 @@ void FabricDomain::close_all() {
   if (rescuer_.joinable()) rescuer_.join();
   if (!res_) return;
   quiesce();
-  // libfabric's order: the endpoint, then what it was bound to, then the
-  // domain's remaining objects, then the domain and the fabric. Registrations
-  // went first (quiesce).
-  res_->ep.reset();
-  ep_ = nullptr;
-  res_->av.reset();
-  res_->cq.reset();
-  cq_ = nullptr;
-  res_->domain.reset();
-  res_->fabric.reset();
+  if (parks_) {
+    // shm: another endpoint of this process may still use our region through
+    // its own pointer to it (shm_parking.h).
+    ep_ = nullptr;
+    cq_ = nullptr;
+    parks_ = false;
+    ShmParking::instance().closed(std::move(res_));
+  } else {
+    // libfabric's order: the endpoint, then what it was bound to, then the
+    // domain's remaining objects, then the domain and the fabric.
+    // Registrations went first (quiesce).
+    res_->ep.reset();
+    ep_ = nullptr;
+    res_->av.reset();
+    res_->cq.reset();
+    cq_ = nullptr;
+    res_->domain.reset();
+    res_->fabric.reset();
+  }
   shm_peers_.clear();
   removed_shm_peers_.clear();
   if (own_region_ != nullptr) ::munmap(own_region_, own_region_len_);

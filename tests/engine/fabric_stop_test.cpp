@@ -1,12 +1,14 @@
 // Stopping an engine while a peer's writes land in its memory, over libfabric.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <string>
 
+#include "core/wake.h"
 #include "ferry/ferry.h"
 #include "support/engine_config.h"
 #include "support/process.h"
@@ -49,6 +51,37 @@ TEST(FabricStopTest, ReceiverStopsWhileSenderWrites) {
     receiver.reset();
     ASSERT_TRUE(test::wait_until([&] { return done.load() == kWrites; }, cfg.default_deadline + 5s))
         << "iteration " << it << ": " << done.load() << " of " << kWrites << " ended";
+  }
+}
+
+// Two shm engines of one process. libfabric 1.17's shm provider reaches a peer
+// endpoint of the same process through that endpoint's own mapping of its
+// region. The sender stops right after its first write to a receiver whose
+// worker naps, so the connection request that write sent is still unread when
+// the sender's endpoint closes; the receiver reads it afterwards (waking from
+// its nap, or draining at its own stop) and must find the sender's region still
+// mapped (src/fabric/shm_parking.h). Without that, the receiver's thread died
+// with SIGSEGV in the provider within a few iterations.
+TEST(FabricStopTest, ShmSenderStopsBeforeItsSameProcessPeerReadItsFirstWrite) {
+  EngineConfig napping = test::config_for("shm");
+  napping.poll_mode = PollMode::kAdaptive;
+  napping.spin_before_block = 0us;
+  test::Buffer src(4096), dst(4096);
+  const int rounds = std::max(iterations(), 100);
+  for (int it = 0; it < rounds; ++it) {
+    TransferEngine receiver(napping);
+    auto [rh, rdesc] = receiver.reg_mr(dst.get(), 4096);
+    ASSERT_TRUE(test::wait_until([] { return core::wake_counters().asleep.load() > 0; }, 10s))
+        << "iteration " << it << ": the receiver's worker never napped";
+    std::atomic<uint64_t> done{0}, errors{0};
+    {
+      TransferEngine sender(test::config_for("shm"));
+      auto [sh, sdesc] = sender.reg_mr(src.get(), 4096);
+      sender.submit_single_write(64, 9, sh, 0, rdesc, 0, OnDone::counter(done, &errors));
+      sender.stop();
+    }
+    EXPECT_EQ(done.load(), 1u) << "iteration " << it;  // delivered, or cancelled by the stop
+    receiver.stop();
   }
 }
 
