@@ -157,28 +157,53 @@ uint64_t PyEngine::submit_write(nb::handle src_arg, nb::handle src_offset, nb::h
   });
 }
 
+namespace {
+
+// The arguments submit_paged_writes and prepare_paged_writes share, converted
+// in the order both check them; the page lists come after the engine's running
+// check (and the submit's immediate), so they are converted by pages().
+struct PagedArgs {
+  uint64_t page_len, src_stride, src_offset, dst_stride, dst_offset;
+  const PyMrHandle* src;
+  const MrDesc* dst;
+  std::pair<Pages, Pages> pages(nb::handle src_pages, nb::handle dst_pages) const {
+    return {Pages{page_indices(src_pages, "source"), src_stride, src_offset},
+            Pages{page_indices(dst_pages, "destination"), dst_stride, dst_offset}};
+  }
+};
+
+PagedArgs paged_args(nb::handle page_len, nb::handle src_arg, nb::handle src_stride,
+                     nb::handle src_offset, nb::handle dst_arg, nb::handle dst_stride,
+                     nb::handle dst_offset) {
+  PagedArgs a{};
+  a.page_len = byte_arg(page_len, "page_len");
+  a.src = &obj_arg<PyMrHandle>(src_arg, "src", kHandleType);
+  a.src_stride = byte_arg(src_stride, "src_stride");
+  a.src_offset = byte_arg(src_offset, "src_offset");
+  a.dst = &obj_arg<MrDesc>(dst_arg, "dst", kDescType);
+  a.dst_stride = byte_arg(dst_stride, "dst_stride");
+  a.dst_offset = byte_arg(dst_offset, "dst_offset");
+  return a;
+}
+
+}  // namespace
+
 uint64_t PyEngine::submit_paged_writes(nb::handle page_len, nb::handle src_arg,
                                        nb::handle src_pages, nb::handle src_stride,
                                        nb::handle src_offset, nb::handle dst_arg,
                                        nb::handle dst_pages, nb::handle dst_stride,
                                        nb::handle dst_offset, nb::handle imm, nb::handle future,
                                        nb::handle on_done, nb::handle counter) {
-  const auto pl = byte_arg(page_len, "page_len");
-  const PyMrHandle& src = obj_arg<PyMrHandle>(src_arg, "src", kHandleType);
-  const auto sstride = byte_arg(src_stride, "src_stride");
-  const auto soff = byte_arg(src_offset, "src_offset");
-  const MrDesc& dst = obj_arg<MrDesc>(dst_arg, "dst", kDescType);
-  const auto dstride = byte_arg(dst_stride, "dst_stride");
-  const auto doff = byte_arg(dst_offset, "dst_offset");
+  const PagedArgs a =
+      paged_args(page_len, src_arg, src_stride, src_offset, dst_arg, dst_stride, dst_offset);
   const auto i = opt_u32_arg(imm, "imm");
   check_running();
-  check_handle(src);
-  Pages sp{page_indices(src_pages, "source"), sstride, soff};
-  Pages dp{page_indices(dst_pages, "destination"), dstride, doff};
+  check_handle(*a.src);
+  auto [sp, dp] = a.pages(src_pages, dst_pages);
   OnDone done = completion(future, on_done, counter);
   return without_gil([&] {
-    return engine_->submit_paged_writes(pl, i, src.h, std::move(sp), dst, std::move(dp),
-                                        std::move(done));
+    return engine_->submit_paged_writes(a.page_len, i, a.src->h, std::move(sp), *a.dst,
+                                        std::move(dp), std::move(done));
   });
 }
 
@@ -276,21 +301,17 @@ PyPreparedTransfer PyEngine::prepare_paged_writes(nb::handle page_len, nb::handl
                                                   nb::handle src_offset, nb::handle dst_arg,
                                                   nb::handle dst_pages, nb::handle dst_stride,
                                                   nb::handle dst_offset) {
-  const auto pl = byte_arg(page_len, "page_len");
-  const PyMrHandle& src = obj_arg<PyMrHandle>(src_arg, "src", kHandleType);
-  const auto sstride = byte_arg(src_stride, "src_stride");
-  const auto soff = byte_arg(src_offset, "src_offset");
-  const MrDesc& dst = obj_arg<MrDesc>(dst_arg, "dst", kDescType);
-  const auto dstride = byte_arg(dst_stride, "dst_stride");
-  const auto doff = byte_arg(dst_offset, "dst_offset");
+  const PagedArgs a =
+      paged_args(page_len, src_arg, src_stride, src_offset, dst_arg, dst_stride, dst_offset);
   check_running();
-  check_handle(src);
-  Pages sp{page_indices(src_pages, "source"), sstride, soff};
-  Pages dp{page_indices(dst_pages, "destination"), dstride, doff};
+  check_handle(*a.src);
+  auto [sp, dp] = a.pages(src_pages, dst_pages);
   const uint64_t pages = sp.indices.size();
-  PreparedTransfer p = without_gil(
-      [&] { return engine_->prepare_paged_writes(pl, src.h, std::move(sp), dst, std::move(dp)); });
-  return keep_prepared(std::move(p), "paged_writes", pages, src);
+  PreparedTransfer p = without_gil([&] {
+    return engine_->prepare_paged_writes(a.page_len, a.src->h, std::move(sp), *a.dst,
+                                         std::move(dp));
+  });
+  return keep_prepared(std::move(p), "paged_writes", pages, *a.src);
 }
 
 PyPreparedTransfer PyEngine::prepare_scatter(nb::handle src_arg, nb::handle dsts_arg,
