@@ -329,12 +329,9 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
   d->info_.any_thread = true;
   d->rxm_ = d->info_.provider.find("ofi_rxm") != std::string::npos;
   d->shm_ = d->info_.provider == "shm";
-  if (d->shm_) {
-    ShmParking::instance().opened();
-    d->parks_ = true;
-  }
   d->socket_probe_ = d->info_.provider.starts_with("tcp") && ConnectProbe::is_inet(d->address_);
   if (d->shm_) {
+    ShmParking::instance().opened();  // closes through it (close_all)
     const std::string_view own(
         reinterpret_cast<const char*>(d->address_.data()),
         strnlen(reinterpret_cast<const char*>(d->address_.data()), d->address_.size()));
@@ -743,12 +740,12 @@ void FabricDomain::close_all() {
   if (rescuer_.joinable()) rescuer_.join();
   if (!res_) return;
   quiesce();
-  if (parks_) {
-    // shm: another endpoint of this process may still use our region through
-    // its own pointer to it (shm_parking.h).
+  if (shm_) {
+    // Another endpoint of this process may still use our region through its
+    // own pointer to it (shm_parking.h). res_ is gone after this: a second
+    // close_all returns above.
     ep_ = nullptr;
     cq_ = nullptr;
-    parks_ = false;
     ShmParking::instance().closed(std::move(res_));
   } else {
     // libfabric's order: the endpoint, then what it was bound to, then the

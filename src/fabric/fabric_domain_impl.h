@@ -325,7 +325,6 @@ class FabricDomain final : public core::Domain {
 
   // shm only.
   bool shm_ = false;
-  bool parks_ = false;          // counted in ShmParking: closes through it
   bool shm_layout_ok_ = false;  // our own region matched the layout we read
   uint8_t shm_version_ = 0;     // its layout version byte
   void* own_region_ = nullptr;  // our mapping of our own region, when shm_layout_ok_

@@ -40,9 +40,4 @@ void ShmParking::closed(std::shared_ptr<FabricResources> res) {
   to_close.clear();
 }
 
-size_t ShmParking::parked() const {
-  std::lock_guard lk(mu_);
-  return parked_.size();
-}
-
 }  // namespace ferry::fabric

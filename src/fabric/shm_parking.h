@@ -38,10 +38,9 @@ class ShmParking {
   // Takes `res` of a closing shm NIC: parks it while another shm NIC is open,
   // else closes it and everything parked. Closes outside the lock.
   void closed(std::shared_ptr<FabricResources> res);
-  size_t parked() const;
 
  private:
-  mutable std::mutex mu_;
+  std::mutex mu_;
   size_t open_ = 0;
   std::deque<std::shared_ptr<FabricResources>> parked_;
 };

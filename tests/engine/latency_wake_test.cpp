@@ -17,6 +17,7 @@
 #include "ferry/ferry.h"
 #include "support/checks.h"
 #include "support/engine_config.h"
+#include "support/process.h"
 
 namespace ferry {
 namespace {
@@ -173,12 +174,8 @@ TEST_P(Wake, BusySubmittersFromManyThreadsDeliverEveryWriteOnce) {
     });
   for (auto& th : threads) th.join();
   ASSERT_TRUE(arrived.wait(kThreads * kWrites, 20s).is_ok());
-  const auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (done.load() < uint64_t(kThreads * kWrites))
-    if (std::chrono::steady_clock::now() < deadline)
-      std::this_thread::yield();
-    else
-      FAIL() << done.load() << " completions";
+  ASSERT_TRUE(test::wait_until([&] { return done.load() == uint64_t(kThreads * kWrites); }, 20s))
+      << done.load() << " completions";
   EXPECT_EQ(errors.load(), 0u);
   EXPECT_EQ(arrived.value(), 0);
   for (int t = 0; t < kThreads; ++t)

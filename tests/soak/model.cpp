@@ -1,5 +1,6 @@
 #include "model.h"
 
+#include <numeric>
 #include <random>
 
 namespace ferry::soak {

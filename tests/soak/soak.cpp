@@ -28,8 +28,6 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
-#include <numeric>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
