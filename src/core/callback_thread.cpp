@@ -9,6 +9,15 @@
 
 namespace ferry::core {
 
+namespace {
+
+// A spinning callback thread (PollMode::kBusy) goes back to blocking after this
+// long without an event; it checks every this many empty polls.
+constexpr int64_t kSpinWindowNs = 1'000'000'000;
+constexpr uint32_t kSpinPollsPerClock = 256;
+
+}  // namespace
+
 CallbackThread::CallbackThread(ImmTable* imms, int cpu, bool spin)
     : imms_(imms), cpu_(cpu), spin_(spin) {
   thread_ = std::thread([this] { run(); });
@@ -28,15 +37,22 @@ void CallbackThread::stop() {
 void CallbackThread::run() {
   pin_current_thread(cpu_, "callback thread");
   Queued batch[32];
-  int64_t last_event_ns = 0;
+  // A spinning thread starts spinning: the first events need no wake-up.
+  int64_t last_event_ns = now_ns();
+  uint32_t empty_polls = 0;
   for (;;) {
     size_t n = q_.try_dequeue_bulk(batch, 32);
     if (n == 0 && spin_) {
       // A blocked thread is woken through a futex: several microseconds per
-      // callback, as much as a whole immediate round trip.
+      // callback, as much as a whole immediate round trip. But an engine whose
+      // application takes no callbacks should not give this thread a core:
+      // spin only while events came within the last kSpinWindowNs, reading
+      // the clock once per kSpinPollsPerClock empty polls.
       if (stop_.load(std::memory_order_acquire)) return;
-      cpu_relax();
-      continue;
+      if (++empty_polls % kSpinPollsPerClock != 0 || now_ns() - last_event_ns < kSpinWindowNs) {
+        cpu_relax();
+        continue;
+      }
     }
     if (n == 0) {
       ProgressHelp* help = help_.load(std::memory_order_acquire);

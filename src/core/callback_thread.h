@@ -52,8 +52,9 @@ using CallbackEvent =
 
 class CallbackThread {
  public:
-  // spin: poll the queue without ever sleeping (PollMode::kBusy, where every
-  // engine thread has a core of its own); otherwise block when idle.
+  // spin: poll the queue without sleeping while events keep coming (PollMode::
+  // kBusy, where every engine thread has a core of its own), blocking after
+  // a second without one; otherwise block when idle.
   CallbackThread(ImmTable* imms, int cpu, bool spin = false);
   ~CallbackThread();
   // now_ns: the pushing thread's clock if it has read it already (a worker's

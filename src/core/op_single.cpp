@@ -7,11 +7,18 @@ namespace ferry::core::ops {
 
 namespace {
 
+// An immediate names no source (SingleReq::src is null): its zero-byte write
+// uses the engine's send pool, which every worker holds for the engine's life,
+// so the submitter copies no reference that the worker would then drop.
+const Registration& source(const RegRef& src, const OpHost& h) {
+  return src ? *src : **h.send_reg;
+}
+
 // Local descriptors of the source and peers of the destination, per NIC.
-Status resolve_point(Slot& s, const RegRef& src, const DstRef& dst, OpHost& h) {
+Status resolve_point(Slot& s, const Registration& src, const DstRef& dst, OpHost& h) {
   Status err;
   for (uint8_t k = 0; k < h.nic_count; ++k) {
-    s.src_desc[k] = src->local_desc[k];
+    s.src_desc[k] = src.local_desc[k];
     s.peer[k] = h.resolve(k, dst.nics[k].addr, &err);
     if (!err.is_ok()) break;
   }
@@ -21,11 +28,11 @@ Status resolve_point(Slot& s, const RegRef& src, const DstRef& dst, OpHost& h) {
 }  // namespace
 
 Status prepare(Slot& s, const SingleReq& r, OpHost& h) {
-  return resolve_point(s, r.src, r.dst, h);
+  return resolve_point(s, source(r.src, h), r.dst, h);
 }
 
 Status prepare(Slot& s, const PagedReq& r, OpHost& h) {
-  return resolve_point(s, r.src, r.dst, h);
+  return resolve_point(s, *r.src, r.dst, h);
 }
 
 ShardPlan plan(Slot& s, const SingleReq& r, OpHost& h) {
@@ -34,8 +41,9 @@ ShardPlan plan(Slot& s, const SingleReq& r, OpHost& h) {
   return p;
 }
 
-PostStep post(Slot& s, const SingleReq& r, Cursor& c, const PostTarget& t, OpHost&) {
+PostStep post(Slot& s, const SingleReq& r, Cursor& c, const PostTarget& t, OpHost& h) {
   const auto& d = r.dst.nics[t.nic];
+  const uint8_t* const src = source(r.src, h).ptr + r.src_offset;
   const uint64_t ctx = make_ctx(kTagWrite, s.gen, c.slot);
   return post_filled(c, t, [&](std::span<WriteDesc> out, uint32_t* units) {
     size_t n = 0;
@@ -50,7 +58,7 @@ PostStep post(Slot& s, const SingleReq& r, Cursor& c, const PostTarget& t, OpHos
       w.len = s.split.piece_len(c.next, r.len);
       // A zero-length write still needs an in-bounds address and valid key.
       if (w.len == 0) off = 0;
-      w.src = r.src->ptr + r.src_offset + off;
+      w.src = src + off;
       w.peer = s.peer[t.nic];
       w.remote_addr = d.base + r.dst_offset + off;
       w.rkey = d.rkey;

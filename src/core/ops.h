@@ -42,6 +42,9 @@ class OpHost {
   uint32_t* rr = nullptr;  // the group's rotating NIC cursor (sharding.h)
   BufferPool* send_pool = nullptr;
   SendBuffers* send_free = nullptr;
+  // The send pool's registration: the source of immediates (set by the
+  // engine once its workers run, before anything can be submitted).
+  const RegRef* send_reg = nullptr;
 };
 
 // The NIC a post goes to, and room for one batch of writes.

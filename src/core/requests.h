@@ -51,7 +51,7 @@ struct DstRef {
 };
 
 struct SingleReq {
-  RegRef src;
+  RegRef src;  // null: an immediate (len 0), written from the send pool
   uint64_t src_offset = 0, len = 0;
   DstRef dst;
   uint64_t dst_offset = 0;

@@ -135,10 +135,20 @@ Status SendBuffers::acquire(Clock::time_point deadline, bool wait, uint32_t* out
 Status Worker::admit(Clock::time_point deadline) {
   const uint64_t limit = shared_->config.max_requests_in_flight;
   auto try_admit = [&](uint64_t cap) {
-    uint64_t cur = inflight_.load(std::memory_order_relaxed);
-    while (cur < cap)
-      if (inflight_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) return true;
-    return false;
+    // released_seen_ <= released_ <= admitted_ at every moment, so a stale
+    // copy only overstates what is in flight. Released is read before
+    // admitted, so their difference never underflows.
+    uint64_t seen = released_seen_.load(std::memory_order_relaxed);
+    uint64_t cur = admitted_.load(std::memory_order_acquire);
+    for (;;) {
+      if (cur - seen >= cap) {
+        seen = released_.load(std::memory_order_acquire);
+        cur = admitted_.load(std::memory_order_acquire);
+        if (cur - seen >= cap) return false;
+        released_seen_.store(seen, std::memory_order_relaxed);
+      }
+      if (admitted_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) return true;
+    }
   };
   auto stopped = [] { return Status(Code::kFailedPrecondition, "the transfer engine is stopped"); };
   if (closed_.load(std::memory_order_acquire)) return stopped();
@@ -184,7 +194,7 @@ Status Worker::admit(Clock::time_point deadline) {
 }
 
 void Worker::release_admission() {
-  inflight_.fetch_sub(1, std::memory_order_acq_rel);
+  released_.fetch_add(1, std::memory_order_acq_rel);
   // Pairs with admit(): a waiter registers in blocked_ before re-checking.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (blocked_.load(std::memory_order_relaxed) > 0) {
@@ -200,7 +210,7 @@ void Worker::close_admission() {
 }
 
 void Worker::submit(Command&& cmd) {
-  queue_.enqueue(std::move(cmd));
+  enqueue(std::move(cmd));
   // A busy worker never sleeps and never lets a submitter post for it.
   if (shared_->config.poll_mode == PollMode::kBusy) return;
   // The store of the command and the load of sleeping_ must not be
@@ -239,7 +249,7 @@ bool Worker::help_progress() {
   const bool polled = poll_completions();
   // What an inline callback just submitted goes out now, not at the worker's
   // next turn.
-  if (polled && queue_.size_approx() != 0) {
+  if (polled && has_commands()) {
     drain_commands();
     progress_posts();
   }
@@ -301,6 +311,7 @@ void Worker::run(std::promise<Status>* init) {
   rr = &rr_;
   send_pool = shared_->send_pool;
   send_free = shared_->send_free;
+  send_reg = &shared_->send_pool->reg;
   inline_posts_ =
       shared_->config.poll_mode == PollMode::kAdaptive && !nics_.empty() &&
       std::all_of(infos_.begin(), infos_.end(), [](const DomainInfo& i) { return i.any_thread; });
@@ -320,6 +331,8 @@ void Worker::run(std::promise<Status>* init) {
   ::prctl(PR_SET_TIMERSLACK, 5'000UL, 0, 0, 0);
   const IdleSpin spin = resolve_idle_spin(shared_->config.spin_before_block);
   auto last_busy = Clock::now();
+  const bool busy_mode = shared_->config.poll_mode == PollMode::kBusy;
+  uint32_t quiet_turns = 0;
   while (!stop_.load(std::memory_order_acquire)) {
     begin_turn();
     // Hooks first: what their callbacks submit is drained and posted below.
@@ -330,6 +343,10 @@ void Worker::run(std::promise<Status>* init) {
     busy |= poll_completions();
     note_gauges();
     end_turn();
+    // A spinning worker's idle turn is a few polls; a clock read in each
+    // would be a large part of it, and of the delay before it sees the next
+    // submission. Deadlines are checked every millisecond at most anyway.
+    if (busy_mode && !busy && !awake && (++quiet_turns & 63) != 0) continue;
     const auto now = Clock::time_point(std::chrono::nanoseconds(turn_ns()));
     if (now - last_deadline_scan_ > std::chrono::milliseconds(1)) {
       last_deadline_scan_ = now;
@@ -349,14 +366,19 @@ void Worker::run(std::promise<Status>* init) {
 
   end_turn();
   // Shutdown: everything still queued or in flight ends as cancelled.
-  Command cmd;
-  while (queue_.try_dequeue(cmd)) {
-    if (auto* c = std::get_if<ControlReq>(&cmd.req)) {
+  auto cancel = [&](Command& cmd) {
+    if (auto* c = std::get_if<ControlReq>(&cmd.req))
       c->fn();
-      continue;
-    }
-    fail_command(cmd, Status(Code::kCancelled, "engine stopped"));
+    else
+      fail_command(cmd, Status(Code::kCancelled, "engine stopped"));
+  };
+  while (Command* cmd = ring_.front()) {
+    cancel(*cmd);
+    *cmd = Command{};
+    ring_.pop();
   }
+  Command cmd;
+  while (overflow_.try_dequeue(cmd)) cancel(cmd);
   for (uint32_t i = 0; i < slots_.size(); ++i) {
     auto& s = slots_[i];
     if (s.active && !s.finished) finish(s, Status(Code::kCancelled, "engine stopped"));
@@ -425,7 +447,7 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
   if (!all_blockable && !may_nap) return false;
   sleeping_.store(true, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);  // mirror of submit()
-  if (queue_.size_approx() != 0 || stop_.load()) {
+  if (has_commands() || stop_.load()) {
     sleeping_.store(false);
     return true;
   }
@@ -480,15 +502,33 @@ bool Worker::run_hooks(bool* awake) {
   return did;
 }
 
+void Worker::enqueue(Command&& cmd) {
+  if (!ring_.try_push(std::move(cmd))) overflow_.enqueue(std::move(cmd));
+}
+
+bool Worker::has_commands() {
+  return ring_.size_approx() != 0 || overflow_.size_approx() != 0;
+}
+
 bool Worker::drain_commands() {
-  // Under loop_mu_ (the worker, or a submitter posting for it).
-  const size_t n = queue_.try_dequeue_bulk(drained_.begin(), drained_.size());
-  for (size_t i = 0; i < n; ++i) {
+  // Under loop_mu_ (the worker, or a submitter posting for it). Commands are
+  // handled where they lie in the ring; what a handled transfer held was moved
+  // into its slot, and what a control call still holds (its captures) goes
+  // before the cell is given back.
+  size_t n = 0;
+  for (; n < kCommandsPerStep; ++n) {
+    Command* cmd = ring_.front();
+    if (cmd == nullptr) break;
+    handle(*cmd);
+    if (std::holds_alternative<ControlReq>(cmd->req)) cmd->req = RecvPostReq{};
+    ring_.pop();
+  }
+  const size_t m = overflow_.try_dequeue_bulk(drained_.begin(), drained_.size());
+  for (size_t i = 0; i < m; ++i) {
     handle(drained_[i]);
-    // What a handled command still holds (a control call's captures) goes now.
     drained_[i] = Command{};
   }
-  return n > 0;
+  return n + m > 0;
 }
 
 void Worker::handle(Command& cmd) {

@@ -28,6 +28,7 @@
 #include "core/ring.h"
 #include "core/sharding.h"
 #include "core/stats.h"
+#include "core/submit_ring.h"
 #include "core/transfer.h"
 #include "core/turn_hook.h"
 #include "core/wake.h"
@@ -134,7 +135,10 @@ class Worker final : public OpHost {
   bool can_help() const { return inline_posts_; }
   // Wakes submitters blocked in admit(); they return kFailedPrecondition.
   void close_admission();
-  uint64_t in_flight() const { return inflight_.load(std::memory_order_relaxed); }
+  uint64_t in_flight() const {
+    const uint64_t released = released_.load(std::memory_order_acquire);
+    return admitted_.load(std::memory_order_relaxed) - released;
+  }
   // True on any engine's worker thread: there, admission never blocks (a
   // worker waiting for room would wait for itself).
   static bool on_worker_thread();
@@ -147,7 +151,7 @@ class Worker final : public OpHost {
   std::thread::id thread_id() const { return thread_.get_id(); }
   // Statistics (core/stats.h): read by snapshots on any thread.
   const WorkerCounters& counters() const { return stats_; }
-  size_t queued() const { return queue_.size_approx(); }
+  size_t queued() const { return ring_.size_approx() + overflow_.size_approx(); }
   // The timeline of this worker, or null when tracing is off; read it only
   // once the worker has stopped.
   const TraceRing* trace_ring() const { return trace_.get(); }
@@ -188,6 +192,9 @@ class Worker final : public OpHost {
 
   void run(std::promise<Status>* init);
   Status open_nics();
+  // Queues a command: the ring, or the overflow queue when the ring is full.
+  void enqueue(Command&& cmd);
+  bool has_commands();
   bool drain_commands();
   // The turn hooks; *awake set when one of them keeps the worker from sleeping.
   bool run_hooks(bool* awake);
@@ -253,10 +260,16 @@ class Worker final : public OpHost {
   std::vector<NetAddr> addrs_;
   std::vector<DomainInfo> infos_;
 
-  moodycamel::ConcurrentQueue<Command> queue_;
-  // drain_commands' landing area, kept rather than built on each call: an
-  // array of Commands on the stack is value-initialised (a memset of every
-  // Command) and destroyed on every turn of the loop, idle or not.
+  // Submissions: the ring first (one hand-off moves the command's own cache
+  // lines, submit_ring.h); when it is full, the unbounded queue behind it.
+  // Only a full ring can reorder two submissions of one thread, which the
+  // engine never promised to keep in order.
+  static constexpr size_t kRingCells = 256;
+  SubmitRing<Command> ring_{kRingCells};
+  moodycamel::ConcurrentQueue<Command> overflow_;
+  // drain_commands' landing area for the overflow queue, kept rather than
+  // built on each call: an array of Commands on the stack is value-initialised
+  // (a memset of every Command) and destroyed on every turn of the loop.
   static constexpr size_t kCommandsPerStep = 32;
   std::array<Command, kCommandsPerStep> drained_;
   // poll_completions' landing area, kept for the same reason (each Completion
@@ -268,8 +281,14 @@ class Worker final : public OpHost {
   static constexpr size_t kPostsPerCall = 64;
   std::array<WriteDesc, kPostsPerCall> post_batch_;
   std::array<uint32_t, kPostsPerCall> post_units_;
-  std::atomic<uint64_t> inflight_{0};
-  std::atomic<int32_t> blocked_{0};
+  // Admission without a line that both sides write: submitters count what
+  // they admitted (and keep a possibly stale copy of released_ beside it,
+  // re-read only when that copy says the group is full); the worker counts
+  // what it released on a line of its own. in flight = admitted_ - released_.
+  alignas(64) std::atomic<uint64_t> admitted_{0};
+  std::atomic<uint64_t> released_seen_{0};
+  alignas(64) std::atomic<uint64_t> released_{0};
+  alignas(64) std::atomic<int32_t> blocked_{0};
   std::atomic<bool> closed_{false};
   std::mutex space_mu_;
   std::condition_variable space_cv_;

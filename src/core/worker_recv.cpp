@@ -19,7 +19,7 @@ void Worker::post_recv_buffer(uint32_t pool, uint32_t buffer) {
     if (r.error.is_ok()) {
       Command c;
       c.req = RecvPostReq{pool, buffer};
-      queue_.enqueue(std::move(c));
+      enqueue(std::move(c));
     } else {
       log().error("NIC {}: cannot post receive buffer {} of pool {}: {}", infos_[0].name, buffer,
                   pool, r.error.message());

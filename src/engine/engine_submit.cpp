@@ -226,7 +226,7 @@ TransferId TransferEngine::submit_imm(uint32_t imm, const MrDesc& dst, OnDone on
   // An immediate is one zero-byte write: never split.
   if (route.kind == WriteRoute::Kind::kSplit) route = WriteRoute::pinned(0);
   return im.submit(w, std::move(on_done),
-                   core::SingleReq{im.send_pool.reg, 0, 0, core::DstRef::of(dst), 0, imm, route});
+                   core::SingleReq{nullptr, 0, 0, core::DstRef::of(dst), 0, imm, route});
 }
 
 // ------------------------------------------------------------ peer groups

@@ -186,28 +186,30 @@ TEST_P(Wake, BusySubmittersFromManyThreadsDeliverEveryWriteOnce) {
     }
 }
 
-// With busy polling the callback thread spins too: a callback that answers an
-// immediate costs no futex wake-up. Stop still ends the spinning thread.
-TEST_P(Wake, BusyCallbackThreadNeverBlocks) {
+// With busy polling the callback thread spins while callbacks keep coming: a
+// callback that answers an immediate costs no futex wake-up. Stop still ends
+// the spinning thread.
+TEST_P(Wake, BusyCallbackThreadSpinsWhileCallbacksCome) {
   EngineConfig c = test::config_for(GetParam());
   c.poll_mode = PollMode::kBusy;
   auto a = std::make_unique<TransferEngine>(c);
   auto b = std::make_unique<TransferEngine>(c);
   auto on_a = test::region(*a, 4096);
   auto on_b = test::region(*b, 4096);
-  std::atomic<int> answered{0};
+  std::atomic<int> answered{0}, pongs{0};
   b->expect_imm_count(21, 1, [&] {
     b->submit_imm(22, on_a.d, OnDone::none());
     answered.fetch_add(1);
   });
-  auto pong = a->imm_counter(22);
-  // The first events may find the thread still on its way into the loop.
+  // Both engines' callback threads see an event every round.
+  a->expect_imm_count(22, 1, [&] { pongs.fetch_add(1); });
+  // The first events may find the threads still on their way into the loop.
   a->submit_imm(21, on_b.d, OnDone::none());
-  ASSERT_TRUE(pong.wait(1, 10s).is_ok());
+  ASSERT_TRUE(test::wait_until([&] { return pongs.load() == 1; }, 10s));
   const uint64_t blocks = wake_counters().callback_blocks.load();
   for (int i = 0; i < 50; ++i) {
     a->submit_imm(21, on_b.d, OnDone::none());
-    ASSERT_TRUE(pong.wait(1, 10s).is_ok()) << "round " << i;
+    ASSERT_TRUE(test::wait_until([&] { return pongs.load() == i + 2; }, 10s)) << "round " << i;
   }
   EXPECT_EQ(answered.load(), 51);
   EXPECT_EQ(wake_counters().callback_blocks.load(), blocks);
@@ -215,6 +217,27 @@ TEST_P(Wake, BusyCallbackThreadNeverBlocks) {
   a->stop();
   b->stop();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
+// A busy engine whose application takes no callbacks does not keep a core
+// spinning for them: its callback thread goes to sleep, and still runs the
+// first callback that comes later.
+TEST_P(Wake, BusyCallbackThreadSleepsWithoutCallbacks) {
+  EngineConfig c = test::config_for(GetParam());
+  c.poll_mode = PollMode::kBusy;
+  auto a = std::make_unique<TransferEngine>(c);
+  auto b = std::make_unique<TransferEngine>(c);
+  auto on_b = test::region(*b, 4096);
+  const uint64_t blocks = wake_counters().callback_blocks.load();
+  ASSERT_TRUE(
+      test::wait_until([&] { return wake_counters().callback_blocks.load() >= blocks + 2; }, 10s))
+      << "both callback threads keep spinning with no callback to run";
+  std::atomic<int> ran{0};
+  b->expect_imm_count(23, 1, [&] { ran.fetch_add(1); });
+  a->submit_imm(23, on_b.d, OnDone::none());
+  EXPECT_TRUE(test::wait_until([&] { return ran.load() == 1; }, 10s));
+  a->stop();
+  b->stop();
 }
 
 // One CPU the process may run on.
