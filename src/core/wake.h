@@ -27,6 +27,8 @@ struct WakeCounters {
   std::atomic<uint64_t> inline_posts{0};   // submitters that posted while the worker idled
   std::atomic<uint64_t> helped_polls{0};   // waiters' polls that found work while the worker idled
   std::atomic<uint64_t> callback_blocks{0};  // a callback thread blocked waiting for an event
+  std::atomic<uint64_t> reply_windows{0};    // a busy worker watched for an answer to arrivals
+  std::atomic<uint64_t> reply_hits{0};       // ...and a submission came within the window
   std::atomic<int64_t> asleep{0};            // gauge: workers inside poll(2) or a nap now
 };
 

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "core/callback_thread.h"
+#include "core/cpu_relax.h"
 #include "core/log.h"
 
 namespace ferry::core {
@@ -31,6 +32,11 @@ constexpr auto kMaxBlock = std::chrono::milliseconds(10);
 // Requests that calls made on a worker thread may admit beyond
 // max_requests_in_flight (at least this many, else an eighth of the limit).
 constexpr uint64_t kWorkerReserveMin = 64;
+// Worker::await_reply: how long a busy worker watches for an answer to what
+// it handed the application, and the most a run of empty windows thins them
+// out (one arrival turn in 2^10).
+constexpr int64_t kReplyWindowNs = 2'000;
+constexpr uint32_t kMaxWindowBackoff = 10;
 
 thread_local bool t_worker_thread = false;
 // The worker whose work this thread does: its own thread's, or the one whose loop
@@ -341,6 +347,10 @@ void Worker::run(std::promise<Status>* init) {
     busy |= drain_commands();
     busy |= progress_posts();
     busy |= poll_completions();
+    if (arrivals_ != 0) {
+      arrivals_ = 0;
+      if (busy_mode) await_reply();
+    }
     note_gauges();
     end_turn();
     // A spinning worker's idle turn is a few polls; a clock read in each
@@ -492,6 +502,37 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
 }
 
 // --------------------------------------------------------------- commands
+
+// The application's answer to an arrival (the other half of a ping-pong, a
+// proxy forwarding what it got) is often a fraction of a microsecond away. A
+// spinning worker that went straight back into the provider would find it
+// only after that poll (over tcp a system call or two: 1-2 µs), so after a
+// turn that handed arrivals to the application it watches the submission ring
+// for up to kReplyWindowNs first. A window that saw no submission makes the
+// next ones rarer (one arrival turn in 2, 4, ... 1024), so a receiver that
+// only counts what comes in (a stream of writes) soon pays nothing for them.
+void Worker::await_reply() {
+  if (skip_windows_ != 0) {
+    --skip_windows_;
+    return;
+  }
+  for (auto& nic : nics_)
+    if (!nic.pending.empty()) return;  // posts to make: no time to watch
+  auto& wc = wake_counters();
+  wc.reply_windows.fetch_add(1, std::memory_order_relaxed);
+  const int64_t t0 = now_ns();
+  for (uint32_t i = 1;; ++i) {
+    if (ring_.front() != nullptr) {
+      wc.reply_hits.fetch_add(1, std::memory_order_relaxed);
+      window_misses_ = 0;
+      return;
+    }
+    if (i % 8 == 0 && now_ns() - t0 > kReplyWindowNs) break;
+    cpu_relax();
+  }
+  window_misses_ = std::min<uint32_t>(window_misses_ + 1, kMaxWindowBackoff);
+  skip_windows_ = (1u << window_misses_) - 1;
+}
 
 bool Worker::run_hooks(bool* awake) {
   bool did = false;

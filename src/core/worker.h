@@ -196,6 +196,8 @@ class Worker final : public OpHost {
   void enqueue(Command&& cmd);
   bool has_commands();
   bool drain_commands();
+  // After arrivals, a busy worker's short watch for the application's answer.
+  void await_reply();
   // The turn hooks; *awake set when one of them keeps the worker from sleeping.
   bool run_hooks(bool* awake);
   // A submitter holding loop_mu_: start queued requests and post them; never
@@ -324,6 +326,9 @@ class Worker final : public OpHost {
   Clock::time_point last_deadline_scan_{};
   uint32_t dl_head_ = kNone, dl_tail_ = kNone;
   uint32_t naps_in_row_ = 0;             // naps since the last useful work: each one longer
+  uint32_t arrivals_ = 0;                // immediates and receives handed up this turn
+  uint32_t window_misses_ = 0;           // await_reply windows in a row that saw no submission
+  uint32_t skip_windows_ = 0;            // arrival turns left before the next window
   int64_t turn_ns_ = 0;                  // turn_ns(); 0: not read in this turn yet
   std::array<int64_t, 64> picked_up_{};  // submit times of this turn's new commands
   uint32_t picked_up_n_ = 0;

@@ -168,9 +168,10 @@ bool Worker::poll_completions() {
       switch (c.kind) {
         case Completion::Kind::kRemoteImm:
           note_completion(k, c);
-          if (c.status.is_ok())
+          if (c.status.is_ok()) {
             shared_->imms->on_arrival(c.imm, c.count, turn_ns());
-          else
+            ++arrivals_;
+          } else
             log().warn("NIC {}: incoming immediate failed: {}", infos_[k].name, c.status.message());
           break;
         case Completion::Kind::kWrite:
@@ -183,6 +184,7 @@ bool Worker::poll_completions() {
         case Completion::Kind::kRecv:
           note_completion(k, c);
           on_recv_done(c.ctx, c.len, c.status);
+          ++arrivals_;
           break;
       }
     }

@@ -240,6 +240,29 @@ TEST_P(Wake, BusyCallbackThreadSleepsWithoutCallbacks) {
   b->stop();
 }
 
+// A busy receiver that only counts (no answer ever follows an arrival) stops
+// watching for answers after a few empty windows: one arrival turn in 1024 at
+// most from then on, so a stream is not slowed by them. Arrival turns are at
+// most as many as the immediates; the bound below allows the first ten windows
+// and one per 1024 of the rest.
+TEST_P(Wake, BusyReceiverOfAStreamSeldomWatchesForAnswers) {
+  EngineConfig c = test::config_for(GetParam());
+  c.poll_mode = PollMode::kBusy;
+  auto a = std::make_unique<TransferEngine>(c);
+  auto b = std::make_unique<TransferEngine>(c);
+  auto on_b = test::region(*b, 4096);
+  auto got = b->imm_counter(31);
+  constexpr int kImms = 6000;
+  const uint64_t windows = wake_counters().reply_windows.load();
+  for (int i = 0; i < kImms; ++i) a->submit_imm(31, on_b.d, OnDone::none());
+  ASSERT_TRUE(got.wait(kImms, 30s).is_ok());
+  const uint64_t watched = wake_counters().reply_windows.load() - windows;
+  EXPECT_GE(watched, 1u) << "the receiver never watched for an answer";
+  EXPECT_LE(watched, 10u + kImms / 1024 + 1) << "windows kept opening on a stream";
+  a->stop();
+  b->stop();
+}
+
 // One CPU the process may run on.
 int first_allowed_cpu() {
   cpu_set_t set;

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# On the lent host: two builds of the engine alternating on the latency points of
+# issue 17 (docs/PERFORMANCE.md, "The crossing, cheaper"). For each round and each
+# build: ferry-bench's ping-pongs against the raw provider (busy polling, pinned),
+# self_imm_bench (one engine's immediate to itself), then once per build the
+# throughput points and the idle CPU of an adaptive engine.
+#   BIN_A, BIN_B  folders holding ferry-bench, self_imm_bench, ferry-idle (A = before)
+#   ROUNDS        rounds of the alternation (default 2)
+# Output: $OUT/crossing.txt; libspdlog, libfmt, libnuma from .gpu-carry/lib.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+O=${OUT:-/tmp/out}
+mkdir -p "$O"
+export LD_LIBRARY_PATH=$PWD/.gpu-carry/lib:${LD_LIBRARY_PATH:-}
+PIN=(--poll busy --cpu 2,4,6 --server-cpu 8,10,12)
+f=$O/crossing.txt
+{ date -u; nproc; uptime; lscpu | grep -E "Model name|^CPU\(s\)|NUMA node"; } > "$f" 2>&1
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for v in A B; do
+    b=BIN_$v
+    b=${!b}
+    for p in "tcp;ofi_rxm" shm; do
+      echo "== round $r build $v $p busy, pinned" >> "$f"
+      timeout 120 "$b/ferry-bench" --provider "$p" "${PIN[@]}" --only imm,sendrecv --seconds 0.4 \
+        --repeat 3 >> "$f" 2>&1 || echo "rc=$?" >> "$f"
+    done
+    for p in shm tcp; do
+      echo "== round $r build $v self_imm_bench $p" >> "$f"
+      timeout 60 "$b/self_imm_bench" --provider "$p" --cpus 2,4 --iters 100000 --rounds 3 \
+        >> "$f" 2>&1 || echo "rc=$?" >> "$f"
+    done
+  done
+done
+for v in A B; do
+  b=BIN_$v
+  b=${!b}
+  for p in "tcp;ofi_rxm" shm; do
+    echo "== build $v $p throughput, busy, pinned" >> "$f"
+    timeout 120 "$b/ferry-bench" --provider "$p" "${PIN[@]}" --only single,paged --quick \
+      >> "$f" 2>&1 || echo "rc=$?" >> "$f"
+    echo "== build $v $p idle" >> "$f"
+    timeout 30 "$b/ferry-idle" --provider "$p" --seconds 4 >> "$f" 2>&1 || echo "rc=$?" >> "$f"
+  done
+done
+# Where build B's round trip goes, hop by hop (scripts/trace_hops.py).
+for p in "tcp;ofi_rxm" shm; do
+  d=/tmp/hops-${p%%;*}
+  rm -rf "$d"
+  mkdir -p "$d"
+  echo "== build B $p busy, pinned, traced" >> "$f"
+  timeout 60 "$BIN_B/ferry-bench" --provider "$p" "${PIN[@]}" --only imm --seconds 0.3 --no-raw \
+    --trace-dir "$d" >> "$f" 2>&1 || echo "rc=$?" >> "$f"
+  for k in imm imm-cb imm-inl; do
+    echo "-- $p $k" >> "$f"
+    python3 scripts/trace_hops.py "$d/$k-0-client.json" "$d/$k-0-server.json" >> "$f" 2>&1
+  done
+  rm -rf "$d"
+done
+date -u >> "$f"
