@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
+import signal
 import sys
+import tempfile
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -37,30 +41,89 @@ def _parent_providers() -> dict:
 
 PROVIDERS = _parent_providers()
 
+# libinfinipath (loaded with libfabric) replaces the SIGSEGV handler with its own
+# backtrace printer unless told not to: the prefill processes inherit this, so that a
+# crash reaches their faulthandler (PrefillPeer reports what it wrote).
+os.environ.setdefault("IPATH_NO_BACKTRACE", "1")
+
 SENTINEL = 0xAB
 
 
 class PrefillPeer:
-    """`tp` prefill ranks in a second process (spawn)."""
+    """`tp` prefill ranks in a second process (spawn).
+
+    Every answer is awaited in short slices that check the process is alive: a child
+    that died fails the call at once with its exit code, one that does not answer in
+    time is asked for the Python stacks of all its threads (faulthandler on SIGUSR1)
+    and killed; either way the failure carries what the child's faulthandler wrote."""
 
     def __init__(self, kind: str, tp: int, num_pages: int = 256, lay_kw=None, env=None,
                  use_watcher: bool = False, coalesce: bool = True):
         provider, nics = PROVIDERS[kind]
         ctx = mp.get_context("spawn")
         self.cmd, self.res = ctx.Queue(), ctx.Queue()
+        fd, self.stacks = tempfile.mkstemp(prefix="kvsim-stacks-", suffix=".txt")
+        os.close(fd)
         self.proc = ctx.Process(target=kvsim.main, daemon=True, args=(
             provider, nics, tp, num_pages, lay_kw or {}, env or {}, self.cmd, self.res,
-            use_watcher, coalesce))
+            use_watcher, coalesce, self.stacks))
         self.proc.start()
-        status, value = self.res.get(timeout=120)
+        status, value = self._answer("its start-up", 120)
         assert status == "hello", value
         self.addrs = value
 
     def call(self, *cmd, timeout: float = 60):
         self.cmd.put(cmd)
-        status, value = self.res.get(timeout=timeout)
+        status, value = self._answer(repr(cmd), timeout)
         assert status == "ok", value
         return value
+
+    def _answer(self, what: str, timeout: float):
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                return self.res.get(timeout=max(0.0, min(0.25, end - time.monotonic())))
+            except queue.Empty:
+                pass
+            if not self.proc.is_alive():
+                self.proc.join(5)
+                try:  # an answer it wrote just before it exited (e.g. to "stop")
+                    return self.res.get(timeout=1)
+                except queue.Empty:
+                    pass
+                pytest.fail(f"the prefill process died during {what} with exit code "
+                            f"{self.proc.exitcode}\n{self._child_report()}", pytrace=False)
+            if time.monotonic() >= end:
+                stacks = self._dump_stacks()
+                self.proc.kill()
+                self.proc.join(10)
+                pytest.fail(f"the prefill process did not answer {what} within {timeout} s "
+                            f"(alive, killed now)\n{stacks}", pytrace=False)
+
+    def _child_report(self) -> str:
+        try:
+            with open(self.stacks, errors="replace") as f:
+                text = f.read()
+        except OSError as e:
+            return f"(no faulthandler output: {e})"
+        return text or "(its faulthandler wrote nothing)"
+
+    def _dump_stacks(self) -> str:
+        """Asks the live child for every thread's Python stack, waits (bounded) for the
+        dump to stop growing, returns it."""
+        before = os.path.getsize(self.stacks) if os.path.exists(self.stacks) else 0
+        try:
+            os.kill(self.proc.pid, signal.SIGUSR1)
+        except OSError as e:
+            return f"(could not signal the child: {e})"
+        end, size = time.monotonic() + 5, before
+        while time.monotonic() < end:
+            time.sleep(0.1)  # polling the file's size, bounded by `end`
+            now = os.path.getsize(self.stacks)
+            if now > before and now == size:
+                break
+            size = now
+        return self._child_report()
 
     def wait_dead(self, timeout: float = 30) -> int:
         self.proc.join(timeout)
@@ -71,12 +134,16 @@ class PrefillPeer:
         if self.proc.is_alive():
             try:
                 self.call("stop", timeout=30)
-            except Exception:  # noqa: BLE001
+            except (Exception, pytest.fail.Exception):  # noqa: BLE001
                 pass
             self.proc.join(30)
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join()
+        try:
+            os.unlink(self.stacks)
+        except OSError:
+            pass
 
 
 class DecodeRank:

@@ -10,8 +10,10 @@ layer, mark it done, write the context. Commands from the test steer single requ
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -173,7 +175,11 @@ class Rank:
 
 
 def main(provider, nics, tp, num_pages, lay_kw, env, cmd_q, res_q, use_watcher=False,
-         coalesce=True) -> None:
+         coalesce=True, stacks=None) -> None:
+    if stacks:  # the test reads it when this process dies or stops answering
+        out = open(stacks, "w")  # noqa: SIM115: open for the process's life
+        faulthandler.enable(out, all_threads=True)
+        faulthandler.register(signal.SIGUSR1, out, all_threads=True)
     os.environ.update(env)
     try:
         ranks = [Rank(provider, nics, tp, r, num_pages, lay_kw, use_watcher, coalesce)
