@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# On the lent host: two builds of the engine alternating on the latency points of
+# On the lent host: builds of the engine alternating on the latency points of
 # issue 17 (docs/PERFORMANCE.md, "The crossing, cheaper"). For each round and each
-# build: ferry-bench's ping-pongs against the raw provider (busy polling, pinned),
-# self_imm_bench (one engine's immediate to itself), then once per build the
-# throughput points and the idle CPU of an adaptive engine.
-#   BIN_A, BIN_B  folders holding ferry-bench, self_imm_bench, ferry-idle (A = before)
+# build (the order rotates from round to round): ferry-bench's ping-pongs against
+# the raw provider (busy polling, pinned), self_imm_bench (one engine's immediate
+# to itself), then once per build the throughput points and the idle CPU of an
+# adaptive engine, and the hops of the last build's round trip.
+#   BUILDS        names of the builds (default "A B"; A = before)
+#   BIN_<name>    folder of each, holding ferry-bench, self_imm_bench, ferry-idle
 #   ROUNDS        rounds of the alternation (default 2)
 # Output: $OUT/crossing.txt; libspdlog, libfmt, libnuma from .gpu-carry/lib.
 set -uo pipefail
@@ -15,8 +17,11 @@ export LD_LIBRARY_PATH=$PWD/.gpu-carry/lib:${LD_LIBRARY_PATH:-}
 PIN=(--poll busy --cpu 2,4,6 --server-cpu 8,10,12)
 f=$O/crossing.txt
 { date -u; nproc; uptime; lscpu | grep -E "Model name|^CPU\(s\)|NUMA node"; } > "$f" 2>&1
+read -r -a builds <<< "${BUILDS:-A B}"
+n=${#builds[@]}
 for r in $(seq 1 "${ROUNDS:-2}"); do
-  for v in A B; do
+  for i in $(seq 0 $((n - 1))); do
+    v=${builds[$(((i + r - 1) % n))]}
     b=BIN_$v
     b=${!b}
     for p in "tcp;ofi_rxm" shm; do
@@ -31,7 +36,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     done
   done
 done
-for v in A B; do
+for v in "${builds[@]}"; do
   b=BIN_$v
   b=${!b}
   for p in "tcp;ofi_rxm" shm; do
@@ -42,13 +47,15 @@ for v in A B; do
     timeout 30 "$b/ferry-idle" --provider "$p" --seconds 4 >> "$f" 2>&1 || echo "rc=$?" >> "$f"
   done
 done
-# Where build B's round trip goes, hop by hop (scripts/trace_hops.py).
+# Where the last build's round trip goes, hop by hop (scripts/trace_hops.py).
+last=BIN_${builds[$((n - 1))]}
+last=${!last}
 for p in "tcp;ofi_rxm" shm; do
   d=/tmp/hops-${p%%;*}
   rm -rf "$d"
   mkdir -p "$d"
-  echo "== build B $p busy, pinned, traced" >> "$f"
-  timeout 60 "$BIN_B/ferry-bench" --provider "$p" "${PIN[@]}" --only imm --seconds 0.3 --no-raw \
+  echo "== build ${builds[$((n - 1))]} $p busy, pinned, traced" >> "$f"
+  timeout 60 "$last/ferry-bench" --provider "$p" "${PIN[@]}" --only imm --seconds 0.3 --no-raw \
     --trace-dir "$d" >> "$f" 2>&1 || echo "rc=$?" >> "$f"
   for k in imm imm-cb imm-inl; do
     echo "-- $p $k" >> "$f"

@@ -22,7 +22,8 @@ namespace ferry {
 enum class PollMode : uint8_t {
   kAdaptive,  // spin, then back off and block on the CQ / command wakeup (default)
   kBusy,      // spin forever: lowest latency; one core per worker and one for the
-              // callback thread, which spins too
+              // callback thread, which spins too while callbacks come (it sleeps
+              // after a second without one)
 };
 
 enum class QueueFull : uint8_t { kBlock, kRefuse };
