@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -736,8 +737,10 @@ void FabricDomain::close_all() {
     std::lock_guard lk(rescuer_mu_);
     rescuer_stop_ = true;
   }
-  rescuer_cv_.notify_all();
+  if (rescuer_wake_fd_ >= 0) ::eventfd_write(rescuer_wake_fd_, 1);
   if (rescuer_.joinable()) rescuer_.join();
+  if (rescuer_wake_fd_ >= 0) ::close(rescuer_wake_fd_);
+  rescuer_wake_fd_ = -1;
   if (!res_) return;
   quiesce();
   if (shm_) {

@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -146,6 +145,7 @@ class ProcessWatch {
   ProcessWatch& operator=(const ProcessWatch&) = delete;
   bool valid() const noexcept { return pidfd_ >= 0; }
   bool exited() const noexcept;
+  int fd() const noexcept { return pidfd_; }  // readable once the process has exited
 
  private:
   int pidfd_ = -1;
@@ -178,6 +178,7 @@ struct ShmPeer {
   Clock::time_point lock_held_since{};  // dead peers: when its lock was first seen taken
   uint32_t eagain_streak = 0;
   bool dead = false;
+  bool exit_seen = false;  // the rescuer's own: it saw the process exit (rescuer_mu_)
 };
 
 // A peer reached through the tcp provider (see ConnectProbe): probed when
@@ -291,6 +292,13 @@ class FabricDomain final : public core::Domain {
   // The rescuer's part for a poll spinning since `since` (ns): releases a lock
   // held across two looks while a peer process has exited.
   void rescue_poll(int64_t since, int64_t now);
+  // The rescuer's look at our own region lock after a peer process exited:
+  // releases it once it has stayed taken across consecutive looks for
+  // kRescueAfter with no call of ours into the provider that could hold it.
+  void watch_own_lock(int64_t now);
+  // Releases `lock` if it is taken and `call` (the start of the provider
+  // call the release is for, 0: none in progress) still reads `expected`.
+  bool release_lock(int* lock, const std::atomic<int64_t>& call, int64_t expected);
 
   // --- teardown
   // Revokes remote access, hands posted receives back, and progresses the
@@ -354,8 +362,14 @@ class FabricDomain final : public core::Domain {
   std::vector<ShmPeer*> rescue_peers_;
   std::thread rescuer_;
   std::mutex rescuer_mu_;
-  std::condition_variable rescuer_cv_;
+  int rescuer_wake_fd_ = -1;  // eventfd: a new peer to watch, or stop
   bool rescuer_stop_ = false;
+  // Our own lock, looked at by the rescuer while a peer that exited may have
+  // left it taken (guarded by rescuer_mu_): since when it has been seen taken
+  // (ns, 0: not yet) and in how many looks.
+  bool own_lock_watch_ = false;
+  int64_t own_lock_held_since_ = 0;
+  uint32_t own_lock_held_looks_ = 0;
 
   // tcp only (socket_probe_).
   bool socket_probe_ = false;

@@ -2,6 +2,9 @@
 // shm progress (fi_cq_read) takes the receiver's own region lock, so without
 // help the receiver's worker would spin inside the provider for ever; the
 // Domain's rescuer releases a lock held that long while a peer has exited.
+// With nothing queued, the receiver's progress never takes the lock at all,
+// yet every sender backs off from it: the rescuer also watches the lock once
+// a peer has exited.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <pthread.h>
@@ -139,6 +142,155 @@ TEST(FabricShmLockRescue, ASenderKilledHoldingOurRegionLockDoesNotStallOurProgre
   EXPECT_LT(took, 3s);
   EXPECT_FALSE(our_lock.taken());
   test::remove_shm_regions_of(proc->pid());
+}
+
+// A peer that takes the receiver's region lock and queues nothing: it opens
+// an shm endpoint of its own (a live peer the receiver watches), sends its
+// address, and on "lock" takes the lock, reports it and waits to be killed.
+int lock_holder(test::Channel& ch) {
+  auto d = open_shm();
+  if (!d) return 2;
+  auto target = ch.recv(30s);
+  if (!target) return 3;
+  ch.send(std::vector<uint8_t>(d->raw_address().begin(), d->raw_address().end()));
+  if (ch.recv_str(30s) != "lock") return 4;
+  void* map = nullptr;
+  int* lock = map_lock(
+      std::string_view(reinterpret_cast<const char*>(target->data()), target->size()), &map);
+  if (lock == nullptr) return 5;
+  pthread_spin_lock(reinterpret_cast<pthread_spinlock_t*>(lock));
+  ch.send(std::string("locked"));
+  ch.recv_str(60s);  // killed meanwhile
+  return 0;
+}
+
+constexpr uint32_t kImm = 0x5eed;
+constexpr char kPayload[8] = "arrived";
+
+// A fresh sender: gets the receiver's address, key and base, writes
+// kPayload with kImm to it (retrying on back-pressure for up to 20 s) and
+// reports "written" once the write completed, or what went wrong.
+int imm_writer(test::Channel& ch) {
+  auto d = open_shm();
+  if (!d) return 2;
+  auto msg = ch.recv(30s);
+  if (!msg || msg->size() < 17) return 3;
+  const std::vector<uint8_t> raw(msg->begin(), msg->end() - 16);
+  core::WriteDesc w;
+  std::memcpy(&w.rkey, msg->data() + msg->size() - 16, 8);
+  std::memcpy(&w.remote_addr, msg->data() + msg->size() - 8, 8);
+  Status st;
+  w.peer = d->add_peer(raw, &st);
+  if (!st.is_ok()) return 4;
+  w.src = kPayload;
+  w.len = sizeof(kPayload);
+  w.imm = kImm;
+  w.has_imm = true;
+  w.ctx = 7;
+  Completion buf[8];
+  const auto deadline = Clock::now() + 20s;
+  for (;;) {
+    const core::PostResult r = d->post_writes({&w, 1});
+    if (!r.error.is_ok()) {
+      ch.send("post failed: " + r.error.message());
+      return 5;
+    }
+    if (r.posted == 1) break;
+    if (Clock::now() > deadline) {
+      ch.send(std::string("not posted within 20 s"));
+      return 6;
+    }
+    d->poll(buf);
+  }
+  for (;;) {
+    const size_t n = d->poll(buf);
+    for (size_t i = 0; i < n; ++i) {
+      if (buf[i].kind != Completion::Kind::kWrite || buf[i].ctx != 7) continue;
+      ch.send(buf[i].status.is_ok() ? std::string("written")
+                                    : "write failed: " + buf[i].status.message());
+      ch.recv_str(60s);  // until the receiver is done
+      return 0;
+    }
+    if (Clock::now() > deadline) {
+      ch.send(std::string("no completion within 20 s"));
+      return 7;
+    }
+  }
+}
+
+TEST(FabricShmLockRescue, ALockLeftByAKilledPeerIsReleasedWithoutOurProgressNeedingIt) {
+  test::PeerSpawner holders(lock_holder);
+  test::PeerSpawner writers(imm_writer);
+  auto r = open_shm();
+  ASSERT_NE(r, nullptr);
+  const std::string name(reinterpret_cast<const char*>(r->raw_address().data()),
+                         r->raw_address().size());
+  std::vector<uint8_t> region(64, 0);
+  Status st;
+  auto mr = r->register_mr(region.data(), region.size(), Device::host(), true, &st);
+  ASSERT_NE(mr, nullptr) << st.message();
+  test::ShmRegionLock our_lock(name);
+
+  auto s1 = holders.spawn();
+  ASSERT_TRUE(s1);
+  ASSERT_TRUE(s1->channel().send(std::vector<uint8_t>(name.begin(), name.end())));
+  auto raw = s1->channel().recv(30s);
+  ASSERT_TRUE(raw);
+  r->add_peer(*raw, &st);  // the rescuer watches the peers this domain knows
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  ASSERT_TRUE(s1->channel().send(std::string("lock")));
+  ASSERT_EQ(s1->channel().recv_str(30s), "locked");
+  ASSERT_TRUE(our_lock.taken());
+  s1->kill();  // holding our lock, nothing queued; we do nothing meanwhile
+
+  const auto t0 = Clock::now();
+  auto s2 = writers.spawn();
+  ASSERT_TRUE(s2);
+  std::vector<uint8_t> msg(name.begin(), name.end());
+  msg.resize(msg.size() + 16);
+  std::memcpy(msg.data() + msg.size() - 16, &mr->rkey, 8);
+  std::memcpy(msg.data() + msg.size() - 8, &mr->remote_base, 8);
+  ASSERT_TRUE(s2->channel().send(msg));
+
+  // Our progress: it never needs our lock (nothing is queued to us).
+  bool arrived = false;
+  std::optional<std::string> report;
+  while (!arrived && Clock::now() - t0 < 5s) {
+    Completion buf[8];
+    const size_t n = r->poll(buf);
+    for (size_t i = 0; i < n; ++i)
+      if (buf[i].kind == Completion::Kind::kRemoteImm && buf[i].imm == kImm) {
+        EXPECT_TRUE(buf[i].status.is_ok()) << buf[i].status.message();
+        arrived = true;
+      }
+  }
+  const auto took = Clock::now() - t0;
+  const bool lock_freed = !our_lock.taken();
+  if (!lock_freed) {
+    // Free it ourselves, so that the failure is reported rather than a hang.
+    void* map = nullptr;
+    int* lock = map_lock(name, &map);
+    ASSERT_NE(lock, nullptr);
+    pthread_spin_unlock(reinterpret_cast<pthread_spinlock_t*>(lock));
+    ::munmap(map, 4096);
+  }
+  EXPECT_TRUE(arrived) << "the second sender's write did not arrive within 5 s";
+  EXPECT_TRUE(lock_freed) << "our region lock is still held by the killed peer";
+  if (arrived) {
+    EXPECT_EQ(std::memcmp(region.data(), kPayload, sizeof(kPayload)), 0);
+    EXPECT_LT(took, 3s);
+    // The writer's own view: its write completed.
+    const auto report_by = Clock::now() + 10s;
+    while (!(report = s2->channel().recv_str(10ms)) && Clock::now() < report_by) {
+      Completion buf[8];
+      r->poll(buf);
+    }
+    EXPECT_EQ(report, "written");
+  }
+  s2->channel().send(std::string("done"));
+  s2->kill();
+  test::remove_shm_regions_of(s1->pid());
+  test::remove_shm_regions_of(s2->pid());
 }
 
 }  // namespace
