@@ -4,11 +4,11 @@
 # build (the order rotates from round to round): ferry-bench's ping-pongs against
 # the raw provider (busy polling, pinned), self_imm_bench (one engine's immediate
 # to itself), then once per build the throughput points and the idle CPU of an
-# adaptive engine, and the hops of the last build's round trip.
+# adaptive engine, and the hops of the last build's round trip (scripts/lent_host_ab.sh).
 #   BUILDS        names of the builds (default "A B"; A = before)
 #   BIN_<name>    folder of each, holding ferry-bench, self_imm_bench, ferry-idle
 #   ROUNDS        rounds of the alternation (default 2)
-# Output: $OUT/crossing.txt; libspdlog, libfmt, libnuma from .gpu-carry/lib.
+# Output: $OUT/crossing.txt, $OUT/hops.txt, $OUT/summary.txt; libspdlog, libfmt, libnuma from .gpu-carry/lib.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/out}
@@ -47,20 +47,8 @@ for v in "${builds[@]}"; do
     timeout 30 "$b/ferry-idle" --provider "$p" --seconds 4 >> "$f" 2>&1 || echo "rc=$?" >> "$f"
   done
 done
-# Where the last build's round trip goes, hop by hop (scripts/trace_hops.py).
+# Where the last build's round trip goes, hop by hop: lent_host_ab.sh's hops
+# section, into $OUT/hops.txt.
 last=BIN_${builds[$((n - 1))]}
-last=${!last}
-for p in "tcp;ofi_rxm" shm; do
-  d=/tmp/hops-${p%%;*}
-  rm -rf "$d"
-  mkdir -p "$d"
-  echo "== build ${builds[$((n - 1))]} $p busy, pinned, traced" >> "$f"
-  timeout 60 "$last/ferry-bench" --provider "$p" "${PIN[@]}" --only imm --seconds 0.3 --no-raw \
-    --trace-dir "$d" >> "$f" 2>&1 || echo "rc=$?" >> "$f"
-  for k in imm imm-cb imm-inl; do
-    echo "-- $p $k" >> "$f"
-    python3 scripts/trace_hops.py "$d/$k-0-client.json" "$d/$k-0-server.json" >> "$f" 2>&1
-  done
-  rm -rf "$d"
-done
+SECTIONS=hops BIN=${!last} bash scripts/lent_host_ab.sh
 date -u >> "$f"

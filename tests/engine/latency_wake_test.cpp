@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -33,6 +34,12 @@ struct Snapshot {
             w.notifies.load(), w.inline_posts.load(),  w.helped_polls.load()};
   }
 };
+
+EngineConfig busy_config(const std::string& provider) {
+  EngineConfig c = test::config_for(provider);
+  c.poll_mode = PollMode::kBusy;
+  return c;
+}
 
 // True once `workers` workers sit in poll(2) (a condition, polled with a deadline).
 bool all_asleep(int64_t workers) {
@@ -137,8 +144,7 @@ TEST_P(Wake, InlineCallbackThatThrowsIsCounted) {
 
 // Busy polling never blocks.
 TEST_P(Wake, BusyWorkersNeverBlock) {
-  EngineConfig c = test::config_for(GetParam());
-  c.poll_mode = PollMode::kBusy;
+  const EngineConfig c = busy_config(GetParam());
   TransferEngine a(c), b(c);
   auto dst = test::region(b, 4096);
   auto ping = b.imm_counter(7);
@@ -156,8 +162,7 @@ TEST_P(Wake, BusyWorkersNeverBlock) {
 // Several threads submitting to one busy engine at once: every write lands
 // once with its bytes and completes once.
 TEST_P(Wake, BusySubmittersFromManyThreadsDeliverEveryWriteOnce) {
-  EngineConfig c = test::config_for(GetParam());
-  c.poll_mode = PollMode::kBusy;
+  const EngineConfig c = busy_config(GetParam());
   TransferEngine a(c), b(c);
   constexpr int kThreads = 4, kWrites = 200;
   constexpr size_t kLen = 256;
@@ -190,8 +195,7 @@ TEST_P(Wake, BusySubmittersFromManyThreadsDeliverEveryWriteOnce) {
 // callback that answers an immediate costs no futex wake-up. Stop still ends
 // the spinning thread.
 TEST_P(Wake, BusyCallbackThreadSpinsWhileCallbacksCome) {
-  EngineConfig c = test::config_for(GetParam());
-  c.poll_mode = PollMode::kBusy;
+  const EngineConfig c = busy_config(GetParam());
   auto a = std::make_unique<TransferEngine>(c);
   auto b = std::make_unique<TransferEngine>(c);
   auto on_a = test::region(*a, 4096);
@@ -223,21 +227,17 @@ TEST_P(Wake, BusyCallbackThreadSpinsWhileCallbacksCome) {
 // spinning for them: its callback thread goes to sleep, and still runs the
 // first callback that comes later.
 TEST_P(Wake, BusyCallbackThreadSleepsWithoutCallbacks) {
-  EngineConfig c = test::config_for(GetParam());
-  c.poll_mode = PollMode::kBusy;
-  auto a = std::make_unique<TransferEngine>(c);
-  auto b = std::make_unique<TransferEngine>(c);
-  auto on_b = test::region(*b, 4096);
+  const EngineConfig c = busy_config(GetParam());
+  TransferEngine a(c), b(c);
+  auto on_b = test::region(b, 4096);
   const uint64_t blocks = wake_counters().callback_blocks.load();
   ASSERT_TRUE(
       test::wait_until([&] { return wake_counters().callback_blocks.load() >= blocks + 2; }, 10s))
       << "both callback threads keep spinning with no callback to run";
   std::atomic<int> ran{0};
-  b->expect_imm_count(23, 1, [&] { ran.fetch_add(1); });
-  a->submit_imm(23, on_b.d, OnDone::none());
+  b.expect_imm_count(23, 1, [&] { ran.fetch_add(1); });
+  a.submit_imm(23, on_b.d, OnDone::none());
   EXPECT_TRUE(test::wait_until([&] { return ran.load() == 1; }, 10s));
-  a->stop();
-  b->stop();
 }
 
 // A busy receiver that only counts (no answer ever follows an arrival) stops
@@ -246,21 +246,17 @@ TEST_P(Wake, BusyCallbackThreadSleepsWithoutCallbacks) {
 // most as many as the immediates; the bound below allows the first ten windows
 // and one per 1024 of the rest.
 TEST_P(Wake, BusyReceiverOfAStreamSeldomWatchesForAnswers) {
-  EngineConfig c = test::config_for(GetParam());
-  c.poll_mode = PollMode::kBusy;
-  auto a = std::make_unique<TransferEngine>(c);
-  auto b = std::make_unique<TransferEngine>(c);
-  auto on_b = test::region(*b, 4096);
-  auto got = b->imm_counter(31);
+  const EngineConfig c = busy_config(GetParam());
+  TransferEngine a(c), b(c);
+  auto on_b = test::region(b, 4096);
+  auto got = b.imm_counter(31);
   constexpr int kImms = 6000;
   const uint64_t windows = wake_counters().reply_windows.load();
-  for (int i = 0; i < kImms; ++i) a->submit_imm(31, on_b.d, OnDone::none());
+  for (int i = 0; i < kImms; ++i) a.submit_imm(31, on_b.d, OnDone::none());
   ASSERT_TRUE(got.wait(kImms, 30s).is_ok());
   const uint64_t watched = wake_counters().reply_windows.load() - windows;
   EXPECT_GE(watched, 1u) << "the receiver never watched for an answer";
   EXPECT_LE(watched, 10u + kImms / 1024 + 1) << "windows kept opening on a stream";
-  a->stop();
-  b->stop();
 }
 
 // One CPU the process may run on.

@@ -91,6 +91,21 @@ int sender(test::Channel& ch) {
   return 0;
 }
 
+// Spawns a sender, tells it our shm name, and adds the address it answers with
+// as a peer of `d`: the rescuer watches the peers this domain knows.
+void spawn_known_sender(test::PeerSpawner& spawner, core::Domain& d, const std::string& name,
+                        std::unique_ptr<test::Peer>* out) {
+  auto proc = spawner.spawn();
+  ASSERT_TRUE(proc);
+  ASSERT_TRUE(proc->channel().send(std::vector<uint8_t>(name.begin(), name.end())));
+  auto raw = proc->channel().recv(30s);
+  ASSERT_TRUE(raw);
+  Status st;
+  d.add_peer(*raw, &st);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  *out = std::move(proc);
+}
+
 TEST(FabricShmLockRescue, ASenderKilledHoldingOurRegionLockDoesNotStallOurProgress) {
   test::PeerSpawner spawner(sender);
   auto a = open_shm();
@@ -98,14 +113,8 @@ TEST(FabricShmLockRescue, ASenderKilledHoldingOurRegionLockDoesNotStallOurProgre
   const std::string name(reinterpret_cast<const char*>(a->raw_address().data()),
                          a->raw_address().size());
   test::ShmRegionLock our_lock(name);
-  auto proc = spawner.spawn();
-  ASSERT_TRUE(proc);
-  ASSERT_TRUE(proc->channel().send(std::vector<uint8_t>(name.begin(), name.end())));
-  auto raw = proc->channel().recv(30s);
-  ASSERT_TRUE(raw);
-  Status st;
-  a->add_peer(*raw, &st);  // the rescuer watches the peers this domain knows
-  ASSERT_TRUE(st.is_ok()) << st.message();
+  std::unique_ptr<test::Peer> proc;
+  ASSERT_NO_FATAL_FAILURE(spawn_known_sender(spawner, *a, name, &proc));
   std::optional<std::string> connected;
   const auto connect_by = Clock::now() + 30s;
   while (!(connected = proc->channel().recv_str(10ms)) && Clock::now() < connect_by) {
@@ -231,13 +240,8 @@ TEST(FabricShmLockRescue, ALockLeftByAKilledPeerIsReleasedWithoutOurProgressNeed
   ASSERT_NE(mr, nullptr) << st.message();
   test::ShmRegionLock our_lock(name);
 
-  auto s1 = holders.spawn();
-  ASSERT_TRUE(s1);
-  ASSERT_TRUE(s1->channel().send(std::vector<uint8_t>(name.begin(), name.end())));
-  auto raw = s1->channel().recv(30s);
-  ASSERT_TRUE(raw);
-  r->add_peer(*raw, &st);  // the rescuer watches the peers this domain knows
-  ASSERT_TRUE(st.is_ok()) << st.message();
+  std::unique_ptr<test::Peer> s1;
+  ASSERT_NO_FATAL_FAILURE(spawn_known_sender(holders, *r, name, &s1));
   ASSERT_TRUE(s1->channel().send(std::string("lock")));
   ASSERT_EQ(s1->channel().recv_str(30s), "locked");
   ASSERT_TRUE(our_lock.taken());
