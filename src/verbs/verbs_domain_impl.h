@@ -1,6 +1,7 @@
-// Private: the verbs Domain shared by verbs_domain.cpp (control path: open,
-// registration, peers, QP state machine driver) and verbs_datapath.cpp
-// (post / poll).
+// Private: the verbs Domain shared by the .cpp files of this folder: the
+// control path (verbs_domain.cpp: open; verbs_registration.cpp;
+// verbs_peers.cpp: peers and the handshake driver; verbs_rc_qps.cpp) and
+// verbs_datapath.cpp (post / poll).
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -14,6 +15,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/domain.h"
@@ -45,6 +47,12 @@ inline constexpr uint32_t kQKey =
     0x46525259;  // "FRRY": UD datagrams with another qkey are dropped by the NIC
 inline constexpr int kPollBatch = 32;
 inline constexpr uint32_t kNoQp = UINT32_MAX;
+
+// "verbs NIC '<nic>': <call> failed: <strerror> (<err>)".
+Status verbs_failure(Code code, const std::string& nic, const char* call, int err);
+inline void set_error(Status* error, Status s) {
+  if (error != nullptr) *error = std::move(s);
+}
 
 // Everything a registration needs alive until it is deregistered: shared with
 // every VerbsMr so an MR released after its Domain still deregisters before
@@ -119,7 +127,7 @@ class VerbsDomain final : public core::Domain {
 
   VerbsDomain() = default;
 
-  // --- control path (verbs_domain.cpp)
+  // --- control path (verbs_domain.cpp, verbs_peers.cpp, verbs_rc_qps.cpp)
   Status open_queues();
   core::PeerId find_or_create_peer(const UdAddress& ud, Status* error);
   bool create_endpoint(Peer& p, core::PeerId id, HsClock::time_point now);
