@@ -1,33 +1,28 @@
-// libfabric Domain: open, memory registration, address resolution, teardown
-// (shm peers: shm_peers.cpp; tcp peers: socket_peers.cpp; the datapath:
-// fabric_datapath.cpp).
+// libfabric Domain: opening the provider's objects and closing them again
+// (registrations: fabric_registration.cpp; peers: fabric_peers.cpp,
+// shm_peers.cpp, socket_peers.cpp; the shm lock rescuer: shm_rescuer.cpp;
+// the datapath: fabric_datapath.cpp).
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdlib>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include "core/log.h"
-#include "cuda/pointer_info.h"
 
 #include "fabric/fabric_domain.h"
 #include "fabric/fabric_domain_impl.h"
@@ -47,69 +42,11 @@ constexpr size_t kInitialAddrLen = 256;
 constexpr size_t kMinPoolEntries = 4096;
 constexpr size_t kMaxPoolEntries = 16384;
 
+}  // namespace
+
 Status fi_failure(Code code, const std::string& nic, const char* call, int ret) {
   return Status(code, fmt::format("fabric NIC '{}': {} failed: {} ({})", nic, call,
                                   fi_strerror(ret < 0 ? -ret : ret), ret));
-}
-
-void set_error(Status* error, Status s) {
-  if (error != nullptr) *error = std::move(s);
-}
-
-}  // namespace
-
-const char* op_kind_name(OpKind kind) noexcept {
-  switch (kind) {
-    case OpKind::kWrite:
-      return "write";
-    case OpKind::kSend:
-      return "send";
-    case OpKind::kRecv:
-      return "recv";
-    case OpKind::kInternalRecv:
-      return "internal recv";
-    case OpKind::kOrphan:
-      return "abandoned op";
-    case OpKind::kFree:
-      break;
-  }
-  return "unknown op";
-}
-
-OpPool::OpPool(size_t capacity)
-    : capacity_(capacity),
-      entries_(new OpEntry[capacity]()),
-      free_(new uint32_t[capacity]),
-      free_count_(capacity) {
-  // Lowest index on top: recently used entries stay warm in cache.
-  for (size_t i = 0; i < capacity; ++i) free_[i] = static_cast<uint32_t>(capacity - 1 - i);
-}
-
-OpEntry* OpPool::acquire(OpKind kind, uint64_t user_ctx) noexcept {
-  if (free_count_ == 0) return nullptr;
-  OpEntry* e = &entries_[free_[--free_count_]];
-  e->user_ctx = user_ctx;
-  e->kind = kind;
-  e->buf = nullptr;
-  e->desc = nullptr;
-  e->len = 0;
-  e->peer = FI_ADDR_NOTAVAIL;
-  e->seen_scan = 0;
-  return e;
-}
-
-void OpPool::release(OpEntry* entry) noexcept {
-  if (entry == nullptr || entry->kind == OpKind::kFree) return;
-  entry->kind = OpKind::kFree;
-  free_[free_count_++] = static_cast<uint32_t>(entry - entries_.get());
-}
-
-OpEntry* OpPool::from_context(void* op_context) noexcept {
-  const auto p = reinterpret_cast<uintptr_t>(op_context);
-  const auto begin = reinterpret_cast<uintptr_t>(entries_.get());
-  const uintptr_t end = begin + capacity_ * sizeof(OpEntry);
-  if (p < begin || p >= end || (p - begin) % sizeof(OpEntry) != 0) return nullptr;
-  return reinterpret_cast<OpEntry*>(op_context);
 }
 
 std::unique_ptr<core::Domain> open_fabric_domain(const core::DomainOptions& options,
@@ -357,299 +294,11 @@ FabricDomain::~FabricDomain() {
   close_all();
 }
 
-// A host buffer registered as GPU memory (or the reverse) would make the
-// provider pick the wrong copy path and fail far from the cause, or corrupt
-// memory with cudaMemcpy on a host address: refuse it here, naming both.
-Status check_memory_kind(const void* ptr, Device device) {
-  int ordinal = -1;
-  Status probe;
-  const bool on_gpu = cuda::is_device_pointer(ptr, &ordinal, &probe);
-  if (device.kind == Device::Kind::kCuda) {
-    if (!probe.is_ok()) return probe;  // kUnimplemented without CUDA
-    if (!on_gpu)
-      return Status(Code::kInvalidArgument,
-                    fmt::format("{} is host memory, registered as {}", ptr, device.to_string()));
-    if (ordinal != device.ordinal)
-      return Status(Code::kInvalidArgument, fmt::format("{} is memory of cuda:{}, registered as {}",
-                                                        ptr, ordinal, device.to_string()));
-    return Status::ok();
-  }
-  // Host registrations: without CUDA nothing can be device memory.
-  if (probe.is_ok() && on_gpu)
-    return Status(Code::kInvalidArgument,
-                  fmt::format("{} is GPU memory of cuda:{}, registered as {}", ptr, ordinal,
-                              device.to_string()));
-  return Status::ok();
-}
-
-std::unique_ptr<core::DomainMr> FabricDomain::register_mr(void* ptr, size_t len, Device device,
-                                                          bool remote, Status* error) {
-  const std::string& nic = res_->nic_name;
-  if (ptr == nullptr || len == 0) {
-    set_error(error, Status(Code::kInvalidArgument,
-                            fmt::format("fabric NIC '{}': fi_mr_regattr: null pointer or zero "
-                                        "length ({} bytes at {})",
-                                        nic, len, ptr)));
-    return nullptr;
-  }
-  const bool cuda = device.kind == Device::Kind::kCuda;
-  if (Status s = check_memory_kind(ptr, device); !s.is_ok()) {
-    set_error(error, Status(s.code(), fmt::format("fabric NIC '{}': {}", nic, s.message())));
-    return nullptr;
-  }
-  if (cuda && (res_->info->caps & FI_HMEM) == 0) {
-    set_error(error, Status(Code::kFailedPrecondition,
-                            fmt::format("fabric NIC '{}': fi_mr_regattr: CUDA memory on a domain "
-                                        "opened without FI_HMEM",
-                                        nic)));
-    return nullptr;
-  }
-
-  iovec iov{ptr, len};
-  fi_mr_attr attr{};
-  attr.mr_iov = &iov;
-  attr.iov_count = 1;
-  attr.access = FI_SEND | FI_RECV | FI_WRITE | FI_READ;
-  if (remote) attr.access |= FI_REMOTE_WRITE | FI_REMOTE_READ;
-  // Without FI_MR_PROV_KEY the application picks keys, unique per domain.
-  if ((res_->mr_mode & FI_MR_PROV_KEY) == 0) {
-    attr.requested_key = res_->next_key.fetch_add(1, std::memory_order_relaxed);
-  }
-  if (cuda) {
-    // DMA-BUF (cuMemGetHandleForAddressRange + FI_MR_DMABUF) would be tried
-    // first, but libfabric 1.17 has no FI_MR_DMABUF / struct fi_mr_dmabuf
-    // (they arrived in 1.20): the iov with FI_HMEM_CUDA is the only path.
-    attr.iface = FI_HMEM_CUDA;
-    attr.device.cuda = device.ordinal;
-  } else {
-    attr.iface = FI_HMEM_SYSTEM;
-  }
-
-  fid_mr* raw_mr = nullptr;
-  int ret = fi_mr_regattr(res_->domain.get(), &attr, 0, &raw_mr);
-  if (ret == -FI_ENOSYS && cuda) {
-    // Seen on the H200 with Debian's libfabric 1.17: fi_getinfo grants
-    // FI_HMEM, but the library was built without CUDA support.
-    set_error(error, Status(Code::kUnimplemented,
-                            fmt::format("fabric NIC '{}': fi_mr_regattr(FI_HMEM_CUDA, {} bytes at "
-                                        "{}, {}): not implemented: this libfabric was built "
-                                        "without CUDA support",
-                                        nic, len, ptr, device.to_string())));
-    return nullptr;
-  }
-  if (ret != 0) {
-    set_error(error, fi_failure(Code::kUnavailable, nic, "fi_mr_regattr", ret));
-    return nullptr;
-  }
-  FidPtr<fid_mr> mr(raw_mr);
-  if ((res_->mr_mode & FI_MR_ENDPOINT) != 0) {
-    ret = fi_mr_bind(mr.get(), &res_->ep->fid, 0);
-    if (ret != 0) {
-      set_error(error, fi_failure(Code::kUnavailable, nic, "fi_mr_bind", ret));
-      return nullptr;
-    }
-    ret = fi_mr_enable(mr.get());
-    if (ret != 0) {
-      set_error(error, fi_failure(Code::kUnavailable, nic, "fi_mr_enable", ret));
-      return nullptr;
-    }
-  }
-  const uint64_t key = fi_mr_key(mr.get());
-  if (key == FI_KEY_NOTAVAIL) {
-    // Only FI_MR_RAW providers do this, and we do not ask for raw keys.
-    set_error(error,
-              Status(Code::kUnimplemented,
-                     fmt::format("fabric NIC '{}': fi_mr_key: provider uses raw keys", nic)));
-    return nullptr;
-  }
-
-  // The descriptor is passed even without FI_MR_LOCAL: with FI_HMEM it is how
-  // the provider learns that a buffer is device memory.
-  void* desc = fi_mr_desc(mr.get());
-  const uint64_t id = res_->add_mr(std::move(mr));
-  if (id == 0) {
-    set_error(error,
-              Status(Code::kFailedPrecondition,
-                     fmt::format("fabric NIC '{}': fi_mr_regattr: the domain is closing", nic)));
-    return nullptr;
-  }
-  auto out = std::make_unique<FabricMr>(res_, id);
-  out->local_desc = desc;
-  out->rkey = key;
-  // Without FI_MR_VIRT_ADDR the target addresses are offsets into the region.
-  out->remote_base = (res_->mr_mode & FI_MR_VIRT_ADDR) != 0 ? reinterpret_cast<uint64_t>(ptr) : 0;
-  set_error(error, Status::ok());
-  return out;
-}
-
-namespace {
-
-// Length of the "scheme://" prefix when `a` is a NUL-terminated printable
-// URI-style name (shm: "fi_shm://<pid>:..."), else 0.
-size_t uri_scheme_len(std::span<const uint8_t> a) {
-  const auto nul = std::find(a.begin(), a.end(), uint8_t{0});
-  if (nul == a.end()) return 0;
-  const std::string_view s(reinterpret_cast<const char*>(a.data()),
-                           static_cast<size_t>(nul - a.begin()));
-  if (!std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) return 0;
-  const size_t pos = s.find("://");
-  return pos == std::string_view::npos || pos == 0 ? 0 : pos + 3;
-}
-
-}  // namespace
-
-// Providers do not all validate what fi_av_insert gets (shm takes any string
-// as a peer name and fails only on first use), so an address that cannot be
-// of our format is refused up front. nullptr when it may be ours.
-const char* FabricDomain::foreign_address(std::span<const uint8_t> raw) const {
-  const size_t scheme = uri_scheme_len(address_);
-  if (scheme != 0) {
-    if (uri_scheme_len(raw) != scheme || std::memcmp(raw.data(), address_.data(), scheme) != 0) {
-      return "name scheme differs";
-    }
-    return nullptr;
-  }
-  // Binary addresses (sockaddr, EFA GID+QPN) have one size per fabric.
-  return raw.size() != address_.size() ? "length differs" : nullptr;
-}
-
-// The shm provider of libfabric 1.17 maps a peer's region on first use and
-// crashes the process when that region is gone. A peer whose region does not
-// exist (it exited) is therefore refused before it reaches the provider.
-const char* FabricDomain::missing_shm_peer(std::span<const uint8_t> raw) const {
-  static constexpr std::string_view kScheme = "fi_shm://";
-  const size_t len = strnlen(reinterpret_cast<const char*>(raw.data()), raw.size());
-  std::string_view name(reinterpret_cast<const char*>(raw.data()), len);
-  if (info_.provider != "shm" || !name.starts_with(kScheme)) return nullptr;
-  std::string region(name.substr(kScheme.size()));
-  std::string path = "/dev/shm/" + region;
-  if (::access(path.c_str(), F_OK) != 0) return "its shared-memory region is gone (peer exited)";
-  // Regions are named "<pid>:..."; a killed peer leaves its region behind.
-  char* end = nullptr;
-  long pid = std::strtol(region.c_str(), &end, 10);
-  if (end != region.c_str() && *end == ':' && pid > 0 && ::kill(pid_t(pid), 0) != 0 &&
-      errno == ESRCH)
-    return "its process no longer exists (peer exited)";
-  return nullptr;
-}
-
-core::PeerId FabricDomain::add_peer(std::span<const uint8_t> raw, Status* error) {
-  const std::string& nic = res_->nic_name;
-  if (raw.empty() || raw.size() > NetAddr::kMaxRawSize) {
-    set_error(error, Status(Code::kInvalidArgument,
-                            fmt::format("fabric NIC '{}': fi_av_insert: bad address length {}", nic,
-                                        raw.size())));
-    return 0;
-  }
-  if (const char* why = foreign_address(raw); why != nullptr) {
-    set_error(error, Status(Code::kInvalidArgument,
-                            fmt::format("fabric NIC '{}': fi_av_insert: not a {} address of "
-                                        "this NIC's format ({}; {} bytes, ours {})",
-                                        nic, info_.provider, why, raw.size(), address_.size())));
-    return 0;
-  }
-  if (const char* gone = missing_shm_peer(raw); gone != nullptr) {
-    set_error(
-        error,
-        Status(
-            Code::kUnavailable,
-            fmt::format("fabric NIC '{}': peer {}: {}", nic,
-                        std::string(reinterpret_cast<const char*>(raw.data()),
-                                    strnlen(reinterpret_cast<const char*>(raw.data()), raw.size())),
-                        gone)));
-    return 0;
-  }
-  std::string key(reinterpret_cast<const char*>(raw.data()), raw.size());
-  if (auto it = peers_.find(key); it != peers_.end()) {
-    set_error(error, Status::ok());
-    return it->second;
-  }
-  // fi_av_insert takes no length: the provider reads as many bytes as its
-  // address format says. Zero padding keeps a short or foreign address from
-  // making it read past our buffer.
-  std::vector<uint8_t> buf(std::max(raw.size(), peer_addr_len_), 0);
-  std::memcpy(buf.data(), raw.data(), raw.size());
-  fi_addr_t addr = FI_ADDR_NOTAVAIL;
-  const int ret = fi_av_insert(res_->av.get(), buf.data(), 1, &addr, 0, nullptr);
-  if (ret != 1 || addr == FI_ADDR_NOTAVAIL) {
-    set_error(error, Status(Code::kUnavailable,
-                            fmt::format("fabric NIC '{}': fi_av_insert failed: {} ({})", nic,
-                                        ret < 0 ? fi_strerror(-ret) : "address rejected", ret)));
-    return 0;
-  }
-  peers_.emplace(std::move(key), addr);
-  if (socket_probe_) track_socket_peer(addr, raw);
-  if (shm_) {
-    track_shm_peer(
-        addr, std::string_view(reinterpret_cast<const char*>(raw.data()),
-                               strnlen(reinterpret_cast<const char*>(raw.data()), raw.size())));
-  }
-  set_error(error, Status::ok());
-  return addr;
-}
-
-void FabricDomain::remove_peer(core::PeerId peer) {
-  for (auto it = peers_.begin(); it != peers_.end(); ++it) {
-    if (it->second != peer) continue;
-    fi_addr_t addr = peer;
-    const int ret = fi_av_remove(res_->av.get(), &addr, 1, 0);
-    if (ret != 0) {
-      core::log().warn("fabric NIC '{}': fi_av_remove failed: {} ({})", res_->nic_name,
-                       fi_strerror(-ret), ret);
-    }
-    peers_.erase(it);
-    if (auto tp = socket_peers_.find(peer); tp != socket_peers_.end()) {
-      forget_socket_peer(*tp->second);
-      socket_peers_.erase(tp);
-    }
-    if (auto sp = shm_peers_.find(peer); sp != shm_peers_.end()) {
-      removed_shm_peers_.push_back(std::move(sp->second));
-      shm_peers_.erase(sp);
-      last_shm_addr_ = FI_ADDR_NOTAVAIL;
-      last_shm_peer_ = nullptr;
-    }
-    return;
-  }
-}
-
 bool FabricDomain::can_block() {
   if (wait_fd_ < 0) return false;
   fid* fids[1] = {&cq_->fid};
   return fi_trywait(res_->fabric.get(), fids, 1) == FI_SUCCESS;
 }
-
-// ------------------------------------------------------------ registrations
-
-uint64_t FabricResources::add_mr(FidPtr<fid_mr> mr) {
-  std::lock_guard lk(mr_mu_);
-  if (mrs_closed_) return 0;  // `mr` closes on return
-  const uint64_t id = next_mr_id_++;
-  mrs_.emplace(id, std::move(mr));
-  return id;
-}
-
-void FabricResources::close_mr(uint64_t id) noexcept {
-  FidPtr<fid_mr> mr;
-  {
-    std::lock_guard lk(mr_mu_);
-    auto it = mrs_.find(id);
-    if (it == mrs_.end()) return;  // the Domain closed it already
-    mr = std::move(it->second);
-    mrs_.erase(it);
-  }
-}
-
-size_t FabricResources::close_all_mrs() noexcept {
-  std::unordered_map<uint64_t, FidPtr<fid_mr>> mrs;
-  {
-    std::lock_guard lk(mr_mu_);
-    mrs_closed_ = true;
-    mrs.swap(mrs_);
-  }
-  return mrs.size();  // closed here
-}
-
-// -------------------------------------------------------------- teardown
 
 // How long an rxm endpoint must stay quiet before it is closed, and the most
 // the whole drain may take.
@@ -733,14 +382,7 @@ void FabricDomain::quiesce() {
 }
 
 void FabricDomain::close_all() {
-  {
-    std::lock_guard lk(rescuer_mu_);
-    rescuer_stop_ = true;
-  }
-  if (rescuer_wake_fd_ >= 0) ::eventfd_write(rescuer_wake_fd_, 1);
-  if (rescuer_.joinable()) rescuer_.join();
-  if (rescuer_wake_fd_ >= 0) ::close(rescuer_wake_fd_);
-  rescuer_wake_fd_ = -1;
+  stop_rescuer();
   if (!res_) return;
   quiesce();
   if (shm_) {

@@ -1,5 +1,7 @@
-// Private: the libfabric Domain implementation shared by fabric_domain.cpp
-// (control path) and fabric_datapath.cpp (post / poll).
+// Private: the libfabric Domain implementation shared by the .cpp files of
+// this folder: fabric_domain.cpp (open, teardown), fabric_registration.cpp,
+// fabric_peers.cpp, shm_peers.cpp, shm_rescuer.cpp, socket_peers.cpp and
+// fabric_datapath.cpp (post / poll).
 #pragma once
 
 #include <rdma/fabric.h>
@@ -17,6 +19,7 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/domain.h"
@@ -39,6 +42,11 @@ bool info_usable(const fi_info* info, const std::string& provider) noexcept;
 // fi_getinfo order, each once; *ret gets fi_getinfo's result.
 std::vector<std::string> usable_domain_names(const std::string& provider, bool hmem, int* ret);
 std::string mr_mode_string(uint64_t mr_mode);
+// "fabric NIC '<nic>': <call> failed: <fi_strerror> (<ret>)".
+Status fi_failure(Code code, const std::string& nic, const char* call, int ret);
+inline void set_error(Status* error, Status s) {
+  if (error != nullptr) *error = std::move(s);
+}
 // kInvalidArgument when ptr is not memory of `device` (host vs GPU, or another
 // GPU); kUnimplemented for GPU memory in a build without CUDA.
 Status check_memory_kind(const void* ptr, Device device);
@@ -288,6 +296,8 @@ class FabricDomain final : public core::Domain {
   // receiver left taken (the provider needs it to finish the response).
   void unstick_responses(Clock::time_point now);
   void start_rescuer();
+  // Stops and joins the rescuer; the Domain then closes what it watched.
+  void stop_rescuer();
   void rescuer_main();
   // The rescuer's part for a poll spinning since `since` (ns): releases a lock
   // held across two looks while a peer process has exited.
