@@ -26,6 +26,7 @@
 #include "fabric/connect_probe.h"
 #include "fabric/fabric_domain.h"
 #include "fabric/fabric_handles.h"
+#include "fabric/unique_fd.h"
 
 namespace ferry::fabric {
 
@@ -372,7 +373,9 @@ class FabricDomain final : public core::Domain {
   std::vector<ShmPeer*> rescue_peers_;
   std::thread rescuer_;
   std::mutex rescuer_mu_;
-  int rescuer_wake_fd_ = -1;  // eventfd: a new peer to watch, or stop
+  // eventfd: a new peer to watch, or stop. Closes with the Domain, after
+  // close_all has joined the thread.
+  UniqueFd rescuer_wake_fd_;
   bool rescuer_stop_ = false;
   // Our own lock, looked at by the rescuer while a peer that exited may have
   // left it taken (guarded by rescuer_mu_): since when it has been seen taken

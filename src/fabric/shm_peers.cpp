@@ -198,7 +198,7 @@ void FabricDomain::track_shm_peer(fi_addr_t addr, std::string_view name) {
         rescue_peers_.push_back(p.get());
       }
       start_rescuer();
-      if (rescuer_wake_fd_ >= 0) ::eventfd_write(rescuer_wake_fd_, 1);  // watch it too
+      if (rescuer_wake_fd_.valid()) ::eventfd_write(rescuer_wake_fd_.get(), 1);  // watch it too
     }
   }
   core::log().debug("fabric NIC '{}': shm peer {} (pid {}): liveness {}, region lock {}",

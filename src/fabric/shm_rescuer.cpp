@@ -2,7 +2,6 @@
 // exits, that releases a region lock a dead process left taken (see ShmPeer).
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -20,7 +19,7 @@ namespace ferry::fabric {
 
 void FabricDomain::start_rescuer() {
   if (rescuer_.joinable()) return;
-  rescuer_wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  rescuer_wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   watch_polls_.store(true, std::memory_order_release);
   rescuer_ = std::thread([this] { rescuer_main(); });
 }
@@ -30,10 +29,8 @@ void FabricDomain::stop_rescuer() {
     std::lock_guard lk(rescuer_mu_);
     rescuer_stop_ = true;
   }
-  if (rescuer_wake_fd_ >= 0) ::eventfd_write(rescuer_wake_fd_, 1);
+  if (rescuer_wake_fd_.valid()) ::eventfd_write(rescuer_wake_fd_.get(), 1);
   if (rescuer_.joinable()) rescuer_.join();
-  if (rescuer_wake_fd_ >= 0) ::close(rescuer_wake_fd_);
-  rescuer_wake_fd_ = -1;
 }
 
 namespace {
@@ -63,7 +60,7 @@ void FabricDomain::rescuer_main() {
   std::vector<ShmPeer*> watched;
   bool any_exited = false;
   while (!rescuer_stop_) {
-    fds.assign(1, pollfd{rescuer_wake_fd_, POLLIN, 0});
+    fds.assign(1, pollfd{rescuer_wake_fd_.get(), POLLIN, 0});
     watched.clear();
     for (ShmPeer* p : rescue_peers_) {
       if (p->exit_seen) continue;
@@ -71,7 +68,7 @@ void FabricDomain::rescuer_main() {
       watched.push_back(p);
     }
     int timeout = own_lock_watch_ ? kOwnLockPeriodMs : any_exited ? kRescuePeriodMs : -1;
-    if (rescuer_wake_fd_ < 0 && (timeout < 0 || timeout > kRescuePeriodMs))
+    if (!rescuer_wake_fd_.valid() && (timeout < 0 || timeout > kRescuePeriodMs))
       timeout = kRescuePeriodMs;  // no eventfd: look for new peers and stop now and then
     lk.unlock();
     const int ready = ::poll(fds.data(), fds.size(), timeout);
@@ -79,7 +76,7 @@ void FabricDomain::rescuer_main() {
     if (rescuer_stop_) break;
     if (ready > 0 && (fds[0].revents & POLLIN) != 0) {
       eventfd_t v;
-      ::eventfd_read(rescuer_wake_fd_, &v);
+      ::eventfd_read(rescuer_wake_fd_.get(), &v);
     }
     for (size_t i = 0; ready > 0 && i < watched.size(); ++i) {
       if (fds[i + 1].revents == 0) continue;
