@@ -7,7 +7,7 @@ namespace ferry::core::ops {
 
 Status prepare(Slot& s, SendReq& r, OpHost& h) {
   Status err;
-  s.peer[0] = h.resolve(0, r.addr, &err);
+  s.peer[0] = h.resolve(0, *r.addr, &err);
   return err;
 }
 

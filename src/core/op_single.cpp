@@ -19,7 +19,7 @@ Status resolve_point(Slot& s, const Registration& src, const DstRef& dst, OpHost
   Status err;
   for (uint8_t k = 0; k < h.nic_count; ++k) {
     s.src_desc[k] = src.local_desc[k];
-    s.peer[k] = h.resolve(k, dst.nics[k].addr, &err);
+    s.peer[k] = h.resolve(k, *dst.nics[k].addr, &err);
     if (!err.is_ok()) break;
   }
   return err;

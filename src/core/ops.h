@@ -89,10 +89,10 @@ PostStep post(Slot& s, const PreparedReq& r, Cursor& c, const PostTarget& t, OpH
 
 // Point-to-point kinds name their peer; group kinds fail only their transfer.
 inline const NetAddr* peer(const SingleReq& r, uint8_t nic) {
-  return &r.dst.nics[nic].addr;
+  return r.dst.nics[nic].addr;
 }
 inline const NetAddr* peer(const PagedReq& r, uint8_t nic) {
-  return &r.dst.nics[nic].addr;
+  return r.dst.nics[nic].addr;
 }
 inline const NetAddr* peer(const ScatterReq&, uint8_t) {
   return nullptr;
@@ -101,7 +101,7 @@ inline const NetAddr* peer(const BarrierReq&, uint8_t) {
   return nullptr;
 }
 inline const NetAddr* peer(const SendReq& r, uint8_t) {
-  return &r.addr;
+  return r.addr;
 }
 const NetAddr* peer(const PreparedReq& r, uint8_t nic);
 

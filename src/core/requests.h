@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/addr_table.h"
 #include "core/domain.h"
 #include "core/sharding.h"
 #include "ferry/engine.h"
@@ -38,14 +39,21 @@ struct Registration {
 using RegRef = std::shared_ptr<Registration>;
 
 // What a write needs of a destination descriptor, held without heap
-// allocation (addresses are immutable and shared).
+// allocation and without touching the caller's address: addresses are the
+// engine's interned copies (core/addr_table.h), alive as long as the table.
 struct DstRef {
-  std::array<MrDesc::Nic, kMaxNics> nics;
+  struct Nic {
+    const NetAddr* addr = nullptr;
+    uint64_t rkey = 0;
+    uint64_t base = 0;
+  };
+  std::array<Nic, kMaxNics> nics{};
   uint8_t count = 0;
-  static DstRef of(const MrDesc& d) {
+  static DstRef of(const MrDesc& d, AddrTable& addrs) {
     DstRef r;
     r.count = static_cast<uint8_t>(std::min(d.nics.size(), kMaxNics));
-    for (size_t i = 0; i < r.count; ++i) r.nics[i] = d.nics[i];
+    for (size_t i = 0; i < r.count; ++i)
+      r.nics[i] = Nic{addrs.intern(d.nics[i].addr), d.nics[i].rkey, d.nics[i].base};
     return r;
   }
 };
@@ -79,8 +87,8 @@ struct BarrierReq {
   GroupRoute route;
 };
 struct SendReq {
-  NetAddr addr;
-  uint32_t buffer = 0;  // index into the engine's send pool
+  const NetAddr* addr = nullptr;  // interned (core/addr_table.h)
+  uint32_t buffer = 0;            // index into the engine's send pool
   uint64_t len = 0;
 };
 // A transfer shape validated once (TransferEngine::prepare_*) and posted many
@@ -122,4 +130,7 @@ struct ferry::PreparedTransfer::State {
   core::PreparedBase req;
   size_t group = 0;              // the worker that owns the source region
   const void* engine = nullptr;  // the engine that prepared it
+  uint64_t incarnation = 0;      // ...and its incarnation: an address can be reused
+  // The destination's interned addresses stay valid as long as this.
+  std::shared_ptr<const core::AddrTable> addrs;
 };

@@ -34,6 +34,14 @@ class SubmitRing {
 
   // Any thread. Moves from v only when it returns true.
   bool try_push(T&& v) {
+    return try_emplace([&](T& cell) { cell = std::move(v); });
+  }
+
+  // Any thread: fill(T&) writes the claimed cell in place, which still holds
+  // the value of the cell's previous lap. Called only when it returns true;
+  // fill must not throw.
+  template <typename Fill>
+  bool try_emplace(Fill&& fill) {
     uint64_t pos = tail_.load(std::memory_order_relaxed);
     for (;;) {
       Cell& c = cells_[pos & mask_];
@@ -41,7 +49,7 @@ class SubmitRing {
       const auto diff = int64_t(seq - pos);
       if (diff == 0) {
         if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-          c.value = std::move(v);
+          fill(c.value);
           c.seq.store(pos + 1, std::memory_order_release);
           return true;
         }

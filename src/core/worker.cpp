@@ -217,6 +217,10 @@ void Worker::close_admission() {
 
 void Worker::submit(Command&& cmd) {
   enqueue(std::move(cmd));
+  after_enqueue();
+}
+
+void Worker::after_enqueue() {
   // A busy worker never sleeps and never lets a submitter post for it.
   if (shared_->config.poll_mode == PollMode::kBusy) return;
   // The store of the command and the load of sleeping_ must not be

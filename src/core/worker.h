@@ -121,6 +121,19 @@ class Worker final : public OpHost {
   Status admit(Clock::time_point deadline);
   // Queues an admitted request (or an internal one: receive posts, control).
   void submit(Command&& cmd);
+  // The same, with fill(Command&) writing the command where the worker will
+  // read it: a ring cell, or (ring full) a command for the overflow queue.
+  // The cell holds an earlier command's moved-from remains; fill assigns
+  // every field. fill must not throw.
+  template <typename Fill>
+  void submit_with(Fill&& fill) {
+    if (!ring_.try_emplace(fill)) {
+      Command c;
+      fill(c);
+      overflow_.enqueue(std::move(c));
+    }
+    after_enqueue();
+  }
   // Runs fn on the worker thread and waits for its Status (control plane).
   // fn must own what it captures: after a timeout it may still run. An
   // exception thrown by fn comes back as kInternal, never past the worker.
@@ -194,6 +207,8 @@ class Worker final : public OpHost {
   Status open_nics();
   // Queues a command: the ring, or the overflow queue when the ring is full.
   void enqueue(Command&& cmd);
+  // A submitter's part once its command is queued: wake or post for an idle worker.
+  void after_enqueue();
   bool has_commands();
   bool drain_commands();
   // After arrivals, a busy worker's short watch for the application's answer.

@@ -40,15 +40,13 @@ void Worker::start_transfer(Command& cmd) {
   s.cursors_live = 0;
   s.posted = s.completed = 0;
   s.error = Status();
-  s.req = std::visit(
-      [](auto&& r) -> TransferReq {
+  std::visit(
+      [&](auto& r) {
         using T = std::decay_t<decltype(r)>;
-        if constexpr (std::is_same_v<T, RecvPostReq> || std::is_same_v<T, ControlReq>)
-          return TransferReq{};  // handle() never starts these
-        else
-          return std::move(r);
+        if constexpr (!std::is_same_v<T, RecvPostReq> && !std::is_same_v<T, ControlReq>)
+          s.req.template emplace<T>(std::move(r));  // handle() never starts the others
       },
-      std::move(cmd.req));
+      cmd.req);
   s.imm = std::visit([](const auto& r) { return ops::imm_of(r); }, s.req);
   s.peers.clear();
   s.group_peers = nullptr;

@@ -49,6 +49,8 @@ using engine::kMaxRecvPools;
 
 struct TransferEngine::Impl {
   core::EngineShared shared;
+  // Before the workers: requests in flight point into it until they are gone.
+  std::shared_ptr<core::AddrTable> addrs = std::make_shared<core::AddrTable>();
   // Null unless every worker can be helped; outlives the threads that use it.
   std::shared_ptr<core::ProgressHelp> help;
   std::unique_ptr<core::ImmTable> imms;
@@ -149,25 +151,38 @@ struct TransferEngine::Impl {
   // A request the caller cannot have queued (its group is full, or the engine
   // stops) throws, and its OnDone never runs; one that is queued has its
   // OnDone run exactly once.
-  TransferId submit(core::Worker& w, OnDone on_done, core::Request req,
+  template <typename Req>
+  TransferId submit(core::Worker& w, OnDone on_done, Req&& req,
                     Clock::time_point dl = Clock::time_point::max()) {
-    Command cmd;
     // One clock read for the deadline and the statistics' submit time (a read
     // is 20-45 ns, on the caller's way to the wire). A submit that waits for
     // admission counts that wait as queueing.
     const bool default_dl = dl == Clock::time_point::max();
     const auto now = default_dl || core::kStatsEnabled ? Clock::now() : Clock::time_point{};
-    cmd.deadline = default_dl ? deadline(now) : dl;
-    Status st = w.admit(cmd.deadline);
+    const Clock::time_point deadline_at = default_dl ? deadline(now) : dl;
+    Status st = w.admit(deadline_at);
     if (!st.is_ok()) throw Error(st);
-    cmd.admitted = true;
-    if constexpr (core::kStatsEnabled) cmd.submit_ns = core::ns_of(now);
-    cmd.id = next_transfer.fetch_add(1, std::memory_order_relaxed);
-    cmd.on_done = std::move(on_done);
-    cmd.req = std::move(req);
-    TransferId id = cmd.id;
-    w.submit(std::move(cmd));
+    const TransferId id = next_transfer.fetch_add(1, std::memory_order_relaxed);
+    static_assert(std::is_nothrow_move_constructible_v<std::decay_t<Req>> &&
+                  std::is_nothrow_move_assignable_v<OnDone>);
+    // Written once, into the cell the worker reads it from.
+    w.submit_with([&](Command& cmd) {
+      cmd.id = id;
+      cmd.admitted = true;
+      cmd.on_done = std::move(on_done);
+      cmd.deadline = deadline_at;
+      cmd.submit_ns = core::kStatsEnabled ? core::ns_of(now) : 0;
+      cmd.req.template emplace<std::decay_t<Req>>(std::forward<Req>(req));
+    });
     return id;
+  }
+
+  std::shared_ptr<PreparedTransfer::State> prepared_state() {
+    auto st = std::make_shared<PreparedTransfer::State>();
+    st->engine = this;
+    st->incarnation = shared.incarnation;
+    st->addrs = addrs;
+    return st;
   }
 
   // fn runs on w's thread and must own its captures (shared state): after a

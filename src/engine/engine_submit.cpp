@@ -25,7 +25,8 @@ TransferId TransferEngine::submit_send(const NetAddr& addr, std::span<const uint
   if (!st.is_ok()) throw Error(st);
   if (!msg.empty()) std::memcpy(im.send_pool.buffer(buf), msg.data(), msg.size());
   try {
-    return im.submit(*im.workers[0], std::move(on_done), core::SendReq{addr, buf, msg.size()}, dl);
+    return im.submit(*im.workers[0], std::move(on_done),
+                     core::SendReq{im.addrs->intern(addr), buf, msg.size()}, dl);
   } catch (...) {
     im.send_free.release(buf);
     throw;
@@ -94,7 +95,7 @@ core::SingleReq single_req(TransferEngine::Impl& im, uint64_t len, std::optional
     throw Error(Code::kInvalidArgument,
                 fmt::format("{}: {} shards over {} NICs", what, route.max_shards, w.nics()));
   *owner = reg->group;
-  return core::SingleReq{std::move(reg), src_offset, len,  core::DstRef::of(dst),
+  return core::SingleReq{std::move(reg), src_offset, len,  core::DstRef::of(dst, *im.addrs),
                          dst_offset,     imm,        route};
 }
 
@@ -128,8 +129,12 @@ core::PagedReq paged_req(TransferEngine::Impl& im, uint64_t page_len, std::optio
   check(src_pages, reg->len, "source");
   check(dst_pages, dst.len, "destination");
   *owner = reg->group;
-  return core::PagedReq{std::move(reg),        page_len, std::move(src_pages), std::move(dst_pages),
-                        core::DstRef::of(dst), imm};
+  return core::PagedReq{std::move(reg),
+                        page_len,
+                        std::move(src_pages),
+                        std::move(dst_pages),
+                        core::DstRef::of(dst, *im.addrs),
+                        imm};
 }
 
 core::ScatterReq scatter_req(TransferEngine::Impl& im, std::optional<PeerGroupHandle> group,
@@ -183,10 +188,9 @@ PreparedTransfer TransferEngine::prepare_single_write(uint64_t len, MrHandle src
                                                       uint64_t dst_offset, WriteRoute route) {
   auto& im = *impl_;
   auto entered = im.enter();
-  auto st = std::make_shared<PreparedTransfer::State>();
+  auto st = im.prepared_state();
   st->req = single_req(im, len, std::nullopt, src, src_offset, dst, dst_offset, route,
                        "prepare_single_write", &st->group);
-  st->engine = &im;
   return PreparedTransfer(std::move(st));
 }
 
@@ -206,10 +210,9 @@ PreparedTransfer TransferEngine::prepare_paged_writes(uint64_t page_len, MrHandl
                                                       Pages dst_pages) {
   auto& im = *impl_;
   auto entered = im.enter();
-  auto st = std::make_shared<PreparedTransfer::State>();
+  auto st = im.prepared_state();
   st->req = paged_req(im, page_len, std::nullopt, src, std::move(src_pages), dst,
                       std::move(dst_pages), "prepare_paged_writes", &st->group);
-  st->engine = &im;
   return PreparedTransfer(std::move(st));
 }
 
@@ -226,7 +229,7 @@ TransferId TransferEngine::submit_imm(uint32_t imm, const MrDesc& dst, OnDone on
   // An immediate is one zero-byte write: never split.
   if (route.kind == WriteRoute::Kind::kSplit) route = WriteRoute::pinned(0);
   return im.submit(w, std::move(on_done),
-                   core::SingleReq{nullptr, 0, 0, core::DstRef::of(dst), 0, imm, route});
+                   core::SingleReq{nullptr, 0, 0, core::DstRef::of(dst, *im.addrs), 0, imm, route});
 }
 
 // ------------------------------------------------------------ peer groups
@@ -282,10 +285,9 @@ PreparedTransfer TransferEngine::prepare_scatter(std::optional<PeerGroupHandle> 
                                                  std::vector<ScatterDst> dsts, GroupRoute route) {
   auto& im = *impl_;
   auto entered = im.enter();
-  auto st = std::make_shared<PreparedTransfer::State>();
+  auto st = im.prepared_state();
   st->req = scatter_req(im, group, std::nullopt, src, std::move(dsts), route, "prepare_scatter",
                         &st->group);
-  st->engine = &im;
   return PreparedTransfer(std::move(st));
 }
 
@@ -295,7 +297,7 @@ TransferId TransferEngine::submit(const PreparedTransfer& prepared, std::optiona
   auto entered = im.enter();
   if (!prepared.valid()) throw Error(Code::kInvalidArgument, "submit: empty PreparedTransfer");
   const auto& st = prepared.s_;
-  if (st->engine != &im)
+  if (st->engine != &im || st->incarnation != im.shared.incarnation)
     throw Error(Code::kInvalidArgument,
                 "submit: the PreparedTransfer was prepared by another TransferEngine");
   // Caught here for the caller's sake; the worker checks again (unreg_mr may
