@@ -27,6 +27,17 @@ std::vector<FabricNicInfo> list_fabric_nics(const std::string& provider,
 // Opens one NIC. Never falls back to another provider: failure is returned.
 std::unique_ptr<core::Domain> open_fabric_domain(const core::DomainOptions& options, Status* error);
 
+// What the shm lock rescuer of a domain has done so far (zeros for a domain
+// without one): the peer exits it saw, its wake-ups that no event asked for
+// (while it looks every few ms for a lock a dead peer may hold), and the times
+// it went idle again after looking.
+struct ShmRescuerCounts {
+  uint64_t exits_seen = 0;
+  uint64_t timed_wakes = 0;
+  uint64_t rests = 0;
+};
+ShmRescuerCounts shm_rescuer_counts(const core::Domain& domain);
+
 // This family for the engine's registry (fabric_family.cpp).
 const core::DomainFamily& fabric_family();
 

@@ -225,6 +225,8 @@ class FabricDomain final : public core::Domain {
   int wait_fd() override { return wait_fd_; }
   bool can_block() override;
 
+  ShmRescuerCounts rescuer_counts() const;
+
  private:
   FabricDomain() = default;
 
@@ -303,6 +305,11 @@ class FabricDomain final : public core::Domain {
   // The rescuer's part for a poll spinning since `since` (ns): releases a lock
   // held across two looks while a peer process has exited.
   void rescue_poll(int64_t since, int64_t now);
+  // The rescuer's part for a post spinning on the region lock of a peer whose
+  // process has exited: releases it once the post has spun kRescueAfter.
+  void rescue_post(int64_t now);
+  // Whether the region lock of a peer the rescuer saw exit is taken (rescuer_mu_).
+  bool dead_peer_lock_taken() const;
   // The rescuer's look at our own region lock after a peer process exited:
   // releases it once it has stayed taken across consecutive looks for
   // kRescueAfter with no call of ours into the provider that could hold it.
@@ -383,6 +390,10 @@ class FabricDomain final : public core::Domain {
   bool own_lock_watch_ = false;
   int64_t own_lock_held_since_ = 0;
   uint32_t own_lock_held_looks_ = 0;
+  // ShmRescuerCounts, written by the rescuer only.
+  std::atomic<uint64_t> rescuer_exits_seen_{0};
+  std::atomic<uint64_t> rescuer_timed_wakes_{0};
+  std::atomic<uint64_t> rescuer_rests_{0};
 
   // tcp only (socket_probe_).
   bool socket_probe_ = false;

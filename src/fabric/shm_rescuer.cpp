@@ -53,12 +53,15 @@ constexpr uint32_t kOwnLockLooks = 100;
 // Idle (blocked on the peers' pidfds) until a watched peer process exits:
 // every rescue below is for a lock a dead process left taken. Afterwards it
 // looks at the provider calls in progress every kRescuePeriodMs, and at our
-// own lock every kOwnLockPeriodMs until it is seen free or released.
+// own lock every kOwnLockPeriodMs until it is seen free or released. A dead
+// process cannot take a lock again: once our own lock and the lock of every
+// peer that exited have been seen free, no rescue is left to make and it is
+// idle again until the next exit.
 void FabricDomain::rescuer_main() {
   std::unique_lock lk(rescuer_mu_);
   std::vector<pollfd> fds;
   std::vector<ShmPeer*> watched;
-  bool any_exited = false;
+  bool looking = false;
   while (!rescuer_stop_) {
     fds.assign(1, pollfd{rescuer_wake_fd_.get(), POLLIN, 0});
     watched.clear();
@@ -67,13 +70,14 @@ void FabricDomain::rescuer_main() {
       fds.push_back(pollfd{p->watch->fd(), POLLIN, 0});
       watched.push_back(p);
     }
-    int timeout = own_lock_watch_ ? kOwnLockPeriodMs : any_exited ? kRescuePeriodMs : -1;
+    int timeout = own_lock_watch_ ? kOwnLockPeriodMs : looking ? kRescuePeriodMs : -1;
     if (!rescuer_wake_fd_.valid() && (timeout < 0 || timeout > kRescuePeriodMs))
       timeout = kRescuePeriodMs;  // no eventfd: look for new peers and stop now and then
     lk.unlock();
     const int ready = ::poll(fds.data(), fds.size(), timeout);
     lk.lock();
     if (rescuer_stop_) break;
+    if (ready == 0) rescuer_timed_wakes_.fetch_add(1, std::memory_order_relaxed);
     if (ready > 0 && (fds[0].revents & POLLIN) != 0) {
       eventfd_t v;
       ::eventfd_read(rescuer_wake_fd_.get(), &v);
@@ -81,7 +85,8 @@ void FabricDomain::rescuer_main() {
     for (size_t i = 0; ready > 0 && i < watched.size(); ++i) {
       if (fds[i + 1].revents == 0) continue;
       watched[i]->exit_seen = true;
-      any_exited = true;
+      rescuer_exits_seen_.fetch_add(1, std::memory_order_relaxed);
+      looking = true;
       // It may have died inside its post to us, holding our lock.
       if (own_lock_ != nullptr && !own_lock_watch_) {
         own_lock_watch_ = true;
@@ -89,25 +94,51 @@ void FabricDomain::rescuer_main() {
         own_lock_held_looks_ = 0;
       }
     }
-    if (!any_exited) continue;
+    if (!looking) continue;
     const int64_t now = core::now_ns();
     if (const int64_t polling = polling_since_ns_.load(std::memory_order_acquire); polling != 0)
       rescue_poll(polling, now);
     if (own_lock_watch_) watch_own_lock(now);
-    const int64_t since = posting_since_ns_.load(std::memory_order_acquire);
-    ShmPeer* p = posting_peer_.load(std::memory_order_acquire);
-    if (since == 0 || p == nullptr || p->lock == nullptr || !p->watch) continue;
-    if (now - since < std::chrono::nanoseconds(kRescueAfter).count()) continue;
-    if (!p->watch->exited()) continue;  // a live holder lets go by itself
-    // Only while the same call still spins: whoever took the lock since then
-    // changed the word, and the exchange fails.
-    if (release_lock(p->lock, posting_since_ns_, since)) {
-      core::log().warn(
-          "fabric NIC '{}': a provider call spun {} ms on the region lock of peer {} (pid {}), "
-          "whose process exited holding it; released the lock",
-          res_->nic_name, (now - since) / 1000000, p->name, p->pid);
-    }
+    rescue_post(now);
+    looking = own_lock_watch_ || dead_peer_lock_taken();
+    if (!looking) rescuer_rests_.fetch_add(1, std::memory_order_relaxed);
   }
+}
+
+void FabricDomain::rescue_post(int64_t now) {
+  const int64_t since = posting_since_ns_.load(std::memory_order_acquire);
+  ShmPeer* p = posting_peer_.load(std::memory_order_acquire);
+  if (since == 0 || p == nullptr || p->lock == nullptr || !p->watch) return;
+  if (now - since < std::chrono::nanoseconds(kRescueAfter).count()) return;
+  if (!p->watch->exited()) return;  // a live holder lets go by itself
+  // Only while the same call still spins: whoever took the lock since then
+  // changed the word, and the exchange fails.
+  if (release_lock(p->lock, posting_since_ns_, since)) {
+    core::log().warn(
+        "fabric NIC '{}': a provider call spun {} ms on the region lock of peer {} (pid {}), "
+        "whose process exited holding it; released the lock",
+        res_->nic_name, (now - since) / 1000000, p->name, p->pid);
+  }
+}
+
+bool FabricDomain::dead_peer_lock_taken() const {
+  const int unlocked = spin_unlocked_value();
+  for (const ShmPeer* p : rescue_peers_)
+    if (p->exit_seen && __atomic_load_n(p->lock, __ATOMIC_ACQUIRE) != unlocked) return true;
+  return false;
+}
+
+ShmRescuerCounts FabricDomain::rescuer_counts() const {
+  ShmRescuerCounts c;
+  c.exits_seen = rescuer_exits_seen_.load(std::memory_order_relaxed);
+  c.timed_wakes = rescuer_timed_wakes_.load(std::memory_order_relaxed);
+  c.rests = rescuer_rests_.load(std::memory_order_relaxed);
+  return c;
+}
+
+ShmRescuerCounts shm_rescuer_counts(const core::Domain& domain) {
+  const auto* d = dynamic_cast<const FabricDomain*>(&domain);
+  return d != nullptr ? d->rescuer_counts() : ShmRescuerCounts{};
 }
 
 bool FabricDomain::release_lock(int* lock, const std::atomic<int64_t>& call, int64_t expected) {

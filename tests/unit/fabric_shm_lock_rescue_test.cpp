@@ -4,7 +4,8 @@
 // Domain's rescuer releases a lock held that long while a peer has exited.
 // With nothing queued, the receiver's progress never takes the lock at all,
 // yet every sender backs off from it: the rescuer also watches the lock once
-// a peer has exited.
+// a peer has exited, and stops watching once no lock a dead peer may hold is
+// taken.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <pthread.h>
@@ -94,7 +95,8 @@ int sender(test::Channel& ch) {
 // Spawns a sender, tells it our shm name, and adds the address it answers with
 // as a peer of `d`: the rescuer watches the peers this domain knows.
 void spawn_known_sender(test::PeerSpawner& spawner, core::Domain& d, const std::string& name,
-                        std::unique_ptr<test::Peer>* out) {
+                        std::unique_ptr<test::Peer>* out,
+                        std::vector<uint8_t>* its_address = nullptr) {
   auto proc = spawner.spawn();
   ASSERT_TRUE(proc);
   ASSERT_TRUE(proc->channel().send(std::vector<uint8_t>(name.begin(), name.end())));
@@ -103,6 +105,7 @@ void spawn_known_sender(test::PeerSpawner& spawner, core::Domain& d, const std::
   Status st;
   d.add_peer(*raw, &st);
   ASSERT_TRUE(st.is_ok()) << st.message();
+  if (its_address != nullptr) *its_address = *raw;
   *out = std::move(proc);
 }
 
@@ -295,6 +298,68 @@ TEST(FabricShmLockRescue, ALockLeftByAKilledPeerIsReleasedWithoutOurProgressNeed
   s2->kill();
   test::remove_shm_regions_of(s1->pid());
   test::remove_shm_regions_of(s2->pid());
+}
+
+// A peer that takes its own region lock, as its progress does while it copies
+// what is queued to it: it opens an shm endpoint, sends its address, and on
+// "lock" takes the lock, reports it and waits to be killed.
+int own_lock_holder(test::Channel& ch) {
+  auto d = open_shm();
+  if (!d) return 2;
+  if (!ch.recv(30s)) return 3;
+  const std::vector<uint8_t> own(d->raw_address().begin(), d->raw_address().end());
+  ch.send(own);
+  if (ch.recv_str(30s) != "lock") return 4;
+  void* map = nullptr;
+  int* lock =
+      map_lock(std::string_view(reinterpret_cast<const char*>(own.data()), own.size()), &map);
+  if (lock == nullptr) return 5;
+  pthread_spin_lock(reinterpret_cast<pthread_spinlock_t*>(lock));
+  ch.send(std::string("locked"));
+  ch.recv_str(60s);  // killed meanwhile
+  return 0;
+}
+
+// After a peer's exit the rescuer looks every 50 ms while a lock the dead
+// process may hold is taken; once none is, it waits on the pidfds again
+// instead of waking for the rest of the domain's life.
+TEST(FabricShmLockRescue, TheRescuerRestsOnceNoLockOfADeadPeerIsTaken) {
+  test::PeerSpawner holders(own_lock_holder);
+  auto r = open_shm();
+  ASSERT_NE(r, nullptr);
+  const std::string name(reinterpret_cast<const char*>(r->raw_address().data()),
+                         r->raw_address().size());
+  std::unique_ptr<test::Peer> p;
+  std::vector<uint8_t> its_address;
+  ASSERT_NO_FATAL_FAILURE(spawn_known_sender(holders, *r, name, &p, &its_address));
+  const std::string its_name(reinterpret_cast<const char*>(its_address.data()), its_address.size());
+  ASSERT_TRUE(p->channel().send(std::string("lock")));
+  ASSERT_EQ(p->channel().recv_str(30s), "locked");
+  test::ShmRegionLock its_lock(its_name);
+  ASSERT_TRUE(its_lock.taken());
+  p->kill();  // holding its own lock
+
+  ASSERT_TRUE(test::wait_until([&] { return shm_rescuer_counts(*r).exits_seen == 1; }, 10s));
+  const uint64_t woken = shm_rescuer_counts(*r).timed_wakes;
+  EXPECT_TRUE(
+      test::wait_until([&] { return shm_rescuer_counts(*r).timed_wakes >= woken + 2; }, 10s))
+      << "the rescuer does not look while the dead peer's lock is taken";
+  EXPECT_EQ(shm_rescuer_counts(*r).rests, 0u);
+
+  // Freed (as unstick_responses or a rescue would): nothing is left to rescue.
+  void* map = nullptr;
+  int* lock = map_lock(its_name, &map);
+  ASSERT_NE(lock, nullptr);
+  pthread_spin_unlock(reinterpret_cast<pthread_spinlock_t*>(lock));
+  ::munmap(map, 4096);
+  EXPECT_TRUE(test::wait_until([&] { return shm_rescuer_counts(*r).rests == 1; }, 10s))
+      << "the rescuer still looks every 50 ms with no lock of a dead peer taken";
+  const uint64_t resting = shm_rescuer_counts(*r).timed_wakes;
+  // Six looks' time, were it still looking.
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(shm_rescuer_counts(*r).timed_wakes, resting);
+  EXPECT_EQ(shm_rescuer_counts(*r).rests, 1u);
+  test::remove_shm_regions_of(p->pid());
 }
 
 }  // namespace
