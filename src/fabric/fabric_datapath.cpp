@@ -30,6 +30,7 @@
 #include <chrono>
 
 #include <fmt/format.h>
+#include "core/coarse_clock.h"
 #include "core/cpu_relax.h"
 #include "core/log.h"
 #include "core/stats.h"
@@ -119,7 +120,10 @@ void FabricDomain::check_shm_peer(ShmPeer& p, Clock::time_point now, Clock::dura
 
 bool FabricDomain::shm_peer_postable(ShmPeer& p, uint64_t len, const char* call, Status* error,
                                      Clock::time_point* when) {
-  auto now = Clock::now();
+  // Coarse: it times the liveness period and, for the rescuer, how long this
+  // post has been under way (both in milliseconds); the lock wait below
+  // reads the precise clock.
+  auto now = core::coarse_now();
   *when = now;
   if (!p.dead) {
     check_shm_peer(p, now, len >= kLargeWrite ? Clock::duration::zero() : kLivenessPeriod);
@@ -127,8 +131,9 @@ bool FabricDomain::shm_peer_postable(ShmPeer& p, uint64_t len, const char* call,
       // The provider would spin on this lock with no way out should its
       // holder die: wait for it here instead, a bounded while.
       const int unlocked = spin_unlocked_value();
-      const auto give_up = now + kLockSpin;
+      Clock::time_point give_up{};
       while (__atomic_load_n(p.lock, __ATOMIC_RELAXED) != unlocked) {
+        if (give_up == Clock::time_point{}) give_up = Clock::now() + kLockSpin;
         cpu_relax();
         if ((*when = now = Clock::now()) < give_up) continue;
         check_shm_peer(p, now, kBusyPeriod);

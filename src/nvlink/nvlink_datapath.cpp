@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "core/coarse_clock.h"
 #include "core/log.h"
 #include "nvlink/nvlink_domain_impl.h"
 
@@ -18,7 +19,7 @@ namespace ferry::nvlink {
 core::PostResult NvlinkDomain::post_writes(std::span<const core::WriteDesc> writes) {
   cudaSetDevice(device_);
   posted_since_poll_ = true;
-  const auto now = PeerLiveness::Clock::now();
+  const auto now = core::coarse_now();  // for a liveness period of 100 ms
   for (size_t i = 0; i < writes.size(); ++i) {
     const core::WriteDesc& w = writes[i];
     Status err;
@@ -76,7 +77,7 @@ core::PostResult NvlinkDomain::post_paged(const core::PagedDesc& pd) {
   cudaSetDevice(device_);
   posted_since_poll_ = true;
   Status err;
-  Peer* pp = live_peer(pd.peer, PeerLiveness::Clock::now(), &err);
+  Peer* pp = live_peer(pd.peer, core::coarse_now(), &err);
   if (pp == nullptr) return {0, err};
   Peer& p = *pp;
   Target* t = resolve(p, pd.rkey, &err);
