@@ -346,11 +346,18 @@ TEST(FabricShmLockRescue, TheRescuerRestsOnceNoLockOfADeadPeerIsTaken) {
       << "the rescuer does not look while the dead peer's lock is taken";
   EXPECT_EQ(shm_rescuer_counts(*r).rests, 0u);
 
-  // Freed (as unstick_responses or a rescue would): nothing is left to rescue.
+  // Freed as a rescue would, with a store: pthread_spin_unlock here would be an
+  // unlock ThreadSanitizer never saw locked. Nothing is left to rescue.
   void* map = nullptr;
   int* lock = map_lock(its_name, &map);
   ASSERT_NE(lock, nullptr);
-  pthread_spin_unlock(reinterpret_cast<pthread_spinlock_t*>(lock));
+  pthread_spinlock_t fresh;
+  pthread_spin_init(&fresh, PTHREAD_PROCESS_SHARED);
+  int unlocked = 0;
+  std::memcpy(&unlocked, const_cast<const void*>(static_cast<volatile void*>(&fresh)),
+              sizeof(unlocked));
+  pthread_spin_destroy(&fresh);
+  __atomic_store_n(lock, unlocked, __ATOMIC_RELEASE);
   ::munmap(map, 4096);
   EXPECT_TRUE(test::wait_until([&] { return shm_rescuer_counts(*r).rests == 1; }, 10s))
       << "the rescuer still looks every 50 ms with no lock of a dead peer taken";
