@@ -202,6 +202,7 @@ class OnDone {
   }
   static OnDone none() { return {}; }
 
+  bool empty() const { return std::holds_alternative<std::monostate>(v_); }
   bool needs_callback_thread() const { return std::holds_alternative<Callback>(v_); }
   // Counters and flags are updated in place (by the worker, no thread hop);
   // callbacks must be run on the callback thread via invoke().

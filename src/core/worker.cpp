@@ -381,8 +381,8 @@ void Worker::run(std::promise<Status>* init) {
   end_turn();
   // Shutdown: everything still queued or in flight ends as cancelled.
   auto cancel = [&](Command& cmd) {
-    if (auto* c = std::get_if<ControlReq>(&cmd.req))
-      c->fn();
+    if (cmd.fast.addr == nullptr && std::holds_alternative<ControlReq>(cmd.req))
+      std::get<ControlReq>(cmd.req).fn();
     else
       fail_command(cmd, Status(Code::kCancelled, "engine stopped"));
   };
@@ -565,7 +565,8 @@ bool Worker::drain_commands() {
     Command* cmd = ring_.front();
     if (cmd == nullptr) break;
     handle(*cmd);
-    if (std::holds_alternative<ControlReq>(cmd->req)) cmd->req = RecvPostReq{};
+    if (cmd->fast.addr == nullptr && std::holds_alternative<ControlReq>(cmd->req))
+      cmd->req = RecvPostReq{};
     ring_.pop();
   }
   const size_t m = overflow_.try_dequeue_bulk(drained_.begin(), drained_.size());
@@ -577,6 +578,10 @@ bool Worker::drain_commands() {
 }
 
 void Worker::handle(Command& cmd) {
+  if (cmd.fast.addr != nullptr) {
+    start_transfer(cmd);
+    return;
+  }
   if (auto* c = std::get_if<ControlReq>(&cmd.req)) {
     c->fn();
     return;
@@ -589,6 +594,10 @@ void Worker::handle(Command& cmd) {
 }
 
 void Worker::fail_command(Command& cmd, Status s) {
+  if (cmd.fast.addr != nullptr) {  // admitted, nothing to signal
+    release_admission();
+    return;
+  }
   if (auto* send = std::get_if<SendReq>(&cmd.req)) shared_->send_free->release(send->buffer);
   if (std::holds_alternative<RecvPostReq>(cmd.req)) return;
   signal(std::move(cmd.on_done), std::move(s));

@@ -33,20 +33,31 @@ void Worker::start_transfer(Command& cmd) {
   s.active = true;
   s.finished = false;
   s.id = cmd.id;
-  s.on_done = std::move(cmd.on_done);
   s.deadline = cmd.deadline;
-  s.admitted = cmd.admitted;
   if (s.deadline != Clock::time_point{}) deadline_insert(idx);
   s.cursors_live = 0;
   s.posted = s.completed = 0;
   s.error = Status();
-  std::visit(
-      [&](auto& r) {
-        using T = std::decay_t<decltype(r)>;
-        if constexpr (!std::is_same_v<T, RecvPostReq> && !std::is_same_v<T, ControlReq>)
-          s.req.template emplace<T>(std::move(r));  // handle() never starts the others
-      },
-      cmd.req);
+  if (const FastImm& f = cmd.fast; f.addr != nullptr) {
+    // Only the command's first line is read (FastImm): one NIC, no OnDone.
+    s.on_done = OnDone();
+    s.admitted = true;
+    auto& r = s.req.template emplace<SingleReq>();
+    r.dst.count = 1;
+    r.dst.nics[0] = DstRef::Nic{f.addr, f.rkey, f.base};
+    r.imm = f.imm;
+    r.route = WriteRoute::pinned(0);
+  } else {
+    s.on_done = std::move(cmd.on_done);
+    s.admitted = cmd.admitted;
+    std::visit(
+        [&](auto& r) {
+          using T = std::decay_t<decltype(r)>;
+          if constexpr (!std::is_same_v<T, RecvPostReq> && !std::is_same_v<T, ControlReq>)
+            s.req.template emplace<T>(std::move(r));  // handle() never starts the others
+        },
+        cmd.req);
+  }
   s.imm = std::visit([](const auto& r) { return ops::imm_of(r); }, s.req);
   s.peers.clear();
   s.group_peers = nullptr;

@@ -168,11 +168,30 @@ struct TransferEngine::Impl {
     // Written once, into the cell the worker reads it from.
     w.submit_with([&](Command& cmd) {
       cmd.id = id;
+      cmd.fast.addr = nullptr;  // the cell may hold a fast immediate's remains
       cmd.admitted = true;
       cmd.on_done = std::move(on_done);
       cmd.deadline = deadline_at;
       cmd.submit_ns = core::kStatsEnabled ? core::ns_of(now) : 0;
       cmd.req.template emplace<std::decay_t<Req>>(std::forward<Req>(req));
+    });
+    return id;
+  }
+
+  // An immediate with no OnDone to a group of one NIC: the whole command in
+  // the first line of its cell (core::FastImm).
+  TransferId submit_fast_imm(core::Worker& w, uint32_t imm, const MrDesc::Nic& dst) {
+    const auto now = Clock::now();
+    const Clock::time_point deadline_at = deadline(now);
+    Status st = w.admit(deadline_at);
+    if (!st.is_ok()) throw Error(st);
+    const TransferId id = next_transfer.fetch_add(1, std::memory_order_relaxed);
+    const NetAddr* addr = addrs->intern(dst.addr);
+    w.submit_with([&](Command& cmd) {
+      cmd.id = id;
+      cmd.deadline = deadline_at;
+      cmd.submit_ns = core::kStatsEnabled ? core::ns_of(now) : 0;
+      cmd.fast = core::FastImm{addr, dst.rkey, dst.base, imm};
     });
     return id;
   }

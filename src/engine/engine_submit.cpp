@@ -226,6 +226,7 @@ TransferId TransferEngine::submit_imm(uint32_t imm, const MrDesc& dst, OnDone on
   if (route.kind == WriteRoute::Kind::kPinned && route.nic >= w.nics())
     throw Error(Code::kInvalidArgument,
                 fmt::format("submit_imm: pinned NIC {} of {}", route.nic, w.nics()));
+  if (w.nics() == 1 && on_done.empty()) return im.submit_fast_imm(w, imm, dst.nics[0]);
   // An immediate is one zero-byte write: never split.
   if (route.kind == WriteRoute::Kind::kSplit) route = WriteRoute::pinned(0);
   return im.submit(w, std::move(on_done),
