@@ -2,7 +2,9 @@
 
 ``AllToAll`` is built collectively from a torch.distributed process group: each
 rank allocates its buffers, and descriptors, addresses and CUDA IPC handles
-are exchanged with ``all_gather_object``. ``dispatch`` packs the tokens routed
+are exchanged over gloo point-to-point sends, every wait bounded by ``timeout``
+(a rank that left raises ``ferry.Unavailable``, one that does not come
+``ferry.Timeout``, each naming the rank). ``dispatch`` packs the tokens routed
 to this rank's experts into expert-major blocks (padded to ``expert_padding``
 rows, the layout grouped GEMM kernels take); ``combine`` returns the expert
 outputs and sums them per token with the routing weights, in fp32 and in a
@@ -19,6 +21,7 @@ import socket
 from typing import Any, Optional
 
 from .. import _ferry
+from .._errors import FerryError
 
 __all__ = ["AllToAll", "buffer_size_hint"]
 
@@ -75,6 +78,12 @@ class AllToAll:
     ``host_buffers`` keeps the engine's buffers in pinned host memory, for
     providers that cannot register GPU memory (tcp, shm); default: on for
     those when there is more than one node.
+
+    ``deadline`` bounds the proxy's waits inside an iteration; ``timeout`` (seconds)
+    bounds each collective step of construction and ``destroy`` (gloo point-to-point
+    sends on ``group``, or on a gloo group over its ranks when ``group`` is not gloo): a
+    rank that left raises ``ferry.Unavailable``, one that does not come within it
+    ``ferry.Timeout``, each naming the rank.
     """
 
     def __init__(
@@ -97,29 +106,23 @@ class AllToAll:
         nics: Optional[list] = None,
         host_buffers: Optional[bool] = None,
         deadline: float = 10.0,
+        timeout: float = 60.0,
     ) -> None:
         import torch
-        import torch.distributed as dist
 
-        self._group = group
-        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        self._c = None
+        rv = _Rendezvous(group, timeout)
+        self._rv = rv
+        rank, world = rv.rank, rv.world
         dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        hosts, instance = _agree(rv)
         if node_size is None:
-            hosts = [None] * world
-            dist.all_gather_object(hosts, socket.gethostname(), group=group)
             node_size = world if len(set(hosts)) == 1 else 1
         if host_buffers is None:
             host_buffers = node_size < world and provider.split(";")[0] in ("tcp", "shm", "fake")
         if nics is None:
             nics = {"shm": ["shm"], "tcp": ["lo"], "fake": ["fake"]}.get(provider.split(";")[0], [])
             nics = nics * nics_per_gpu
-        # Every rank must use the same immediates: the largest local count wins.
-        mine = next(_instances)
-        seen = [None] * world
-        dist.all_gather_object(seen, mine, group=group)
-        instance = max(seen)
-        while mine < instance:
-            mine = next(_instances)
         self.in_dtype, self.out_dtype = _dtype_name(in_dtype), _dtype_name(out_dtype)
         self.hidden, self.hidden_scale = hidden, hidden_scale or 0
         self.experts_per_token, self.max_num_tokens = experts_per_token, max_num_tokens
@@ -134,13 +137,16 @@ class AllToAll:
             host_buffers=bool(host_buffers), deadline=float(deadline),
         )
         with torch.cuda.device(dev):
-            self._c = _moe.AllToAll(provider, list(nics), cfg)
-            infos = [None] * world
-            dist.all_gather_object(infos, self._c.local_info(), group=group)
-            self._c.connect(infos)
-        self.sizes = self._c.sizes()
+            c = _moe.AllToAll(provider, list(nics), cfg)
+            try:
+                c.connect(rv.all_gather(c.local_info(), "exchanging the engine descriptors"))
+                self.sizes = c.sizes()
+                rv.barrier("waiting for every rank to connect")
+            except BaseException:
+                c.destroy()  # now, not whenever the object is collected
+                raise
+        self._c = c
         self.out_rows = self.sizes["out_rows"]
-        dist.barrier(group=group)
 
     # --- the four halves ---------------------------------------------------------
 
@@ -230,17 +236,20 @@ class AllToAll:
         return dict(self.sizes)
 
     def destroy(self) -> None:
-        """Collective: every rank, after its last combine has finished."""
+        """Collective: every rank, after its last combine has finished. If a rank is gone or
+        does not come within ``timeout``, raises ``ferry.Unavailable`` / ``ferry.Timeout``
+        naming it, having released this rank's own buffers and engine all the same."""
         import torch
-        import torch.distributed as dist
 
         if self._c is None:
             return
         torch.cuda.synchronize()
-        dist.barrier(group=self._group)
-        self._c.destroy()
-        self._c = None
-        dist.barrier(group=self._group)
+        c, self._c = self._c, None
+        try:
+            self._rv.barrier("destroy: waiting for every rank to finish")
+        finally:
+            c.destroy()
+        self._rv.barrier("destroy: waiting for every rank to release its buffers")
 
     def _check(self, t: Any, dtype: str, name: str, width: int) -> None:
         if t is None:
@@ -249,3 +258,58 @@ class AllToAll:
             raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
         if t.dim() != 2 or t.shape[1] != width or t.stride(1) != 1 or not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA [rows, {width}] tensor with unit inner stride")
+
+
+class _Rendezvous:
+    """The collective steps of an AllToAll's life (the exchanges and the barrier of its
+    construction, the barriers of destroy) over the ranks of `group`, each bounded by
+    `timeout` seconds: gloo point-to-point sends (``ferry._torch_exchange``) on `group`
+    itself when it is a gloo group, else on a gloo group over the same ranks, made by the
+    first AllToAll over those ranks and kept for the later ones. A rank that left raises
+    ``ferry.Unavailable``, one that does not come ``ferry.Timeout``, each naming the rank
+    and the step. Either ends the AllToAll, and a group made here is dropped so that a
+    later AllToAll makes a new one (after a Timeout gloo has closed this rank's
+    connections of the group)."""
+
+    def __init__(self, group: Any, timeout: float) -> None:
+        import torch.distributed as dist
+
+        from .._torch_exchange import TorchExchange, gloo_group
+
+        if not timeout > 0:
+            raise ValueError(f"ferry.moe: timeout must be > 0 seconds, got {timeout}")
+        self.timeout = float(timeout)
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        if self.rank < 0:
+            raise ValueError("ferry.moe: this process is not a rank of the group")
+        self._group = self._call("making a gloo group over the ranks", lambda: gloo_group(group, self.timeout))
+        self._ex = TorchExchange(self._group, barrier_sets=[range(self.world)])
+
+    def all_gather(self, obj: Any, what: str) -> list:
+        return self._call(what, lambda: self._ex.all_gather(obj, self.timeout))
+
+    def barrier(self, what: str) -> None:
+        self._call(what, lambda: self._ex.barrier(range(self.world), self.timeout))
+
+    def _call(self, what: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except FerryError as e:
+            group = getattr(self, "_group", None)
+            if group is not None:
+                from .._torch_exchange import forget_gloo_group
+
+                forget_gloo_group(group)
+            raise type(e)(f"ferry.moe AllToAll, {what}: {e}") from e
+
+
+def _agree(rv: _Rendezvous) -> tuple:
+    """The first step of a construction: every rank's host name (for the default node
+    size) and the instance of the immediates, the same on every rank: the largest of the
+    ranks' next local counts (this process's counter then continues past it)."""
+    mine = next(_instances)
+    seen = rv.all_gather((socket.gethostname(), mine), "agreeing on the node size and the immediates")
+    instance = max(i for _, i in seen)
+    while mine < instance:
+        mine = next(_instances)
+    return [h for h, _ in seen], instance
