@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstdint>
 
+#include "core/unique_fd.h"
+
 namespace ferry::core {
 
 // Process-wide totals over every worker (relaxed: read by tests and
@@ -41,26 +43,21 @@ inline WakeCounters& wake_counters() {
 class WakeFd {
  public:
   WakeFd() : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
-  ~WakeFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  WakeFd(const WakeFd&) = delete;
-  WakeFd& operator=(const WakeFd&) = delete;
 
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
   void notify() {
     uint64_t one = 1;
-    [[maybe_unused]] auto r = ::write(fd_, &one, sizeof(one));
+    [[maybe_unused]] auto r = ::write(fd_.get(), &one, sizeof(one));
     wake_counters().notifies.fetch_add(1, std::memory_order_relaxed);
   }
   // Resets the eventfd after a wake-up (non-blocking).
   void drain() {
     uint64_t v;
-    [[maybe_unused]] auto r = ::read(fd_, &v, sizeof(v));
+    [[maybe_unused]] auto r = ::read(fd_.get(), &v, sizeof(v));
   }
 
  private:
-  int fd_ = -1;
+  UniqueFd fd_;
 };
 
 // How an adaptive worker polls before it blocks: EngineConfig::spin_before_block

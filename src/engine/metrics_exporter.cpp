@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "core/log.h"
 
@@ -213,24 +214,23 @@ MetricsExporter::MetricsExporter(const std::string& address, std::function<std::
                 fmt::format("metrics address '{}': {}", address, ::gai_strerror(rc)));
   std::string why = "no address";
   for (addrinfo* a = res; a; a = a->ai_next) {
-    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
+    core::UniqueFd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd.valid()) continue;
     int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 16) == 0) {
-      listen_fd_ = fd;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd.get(), 16) == 0) {
+      listen_fd_ = std::move(fd);
       break;
     }
     why = std::strerror(errno);
-    ::close(fd);
   }
   ::freeaddrinfo(res);
-  if (listen_fd_ < 0)
+  if (!listen_fd_.valid())
     throw Error(Code::kUnavailable,
                 fmt::format("metrics address '{}': cannot listen: {}", address, why));
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
-  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len);
+  ::getsockname(listen_fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len);
   char name[INET6_ADDRSTRLEN] = "?";
   int bound_port = 0;
   if (ss.ss_family == AF_INET) {
@@ -244,42 +244,39 @@ MetricsExporter::MetricsExporter(const std::string& address, std::function<std::
     bound_port = ntohs(in6->sin6_port);
     bound_ = fmt::format("[{}]:{}", name, bound_port);
   }
-  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   thread_ = std::thread([this] { run(); });
   core::log().info("metrics: http://{}/metrics", bound_);
 }
 
 MetricsExporter::~MetricsExporter() {
   stop();
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
 void MetricsExporter::stop() {
   if (!thread_.joinable()) return;
   stop_.store(true);
   uint64_t one = 1;
-  [[maybe_unused]] auto r = ::write(wake_fd_, &one, sizeof(one));
+  [[maybe_unused]] auto r = ::write(wake_fd_.get(), &one, sizeof(one));
   thread_.join();
   // Closed now, not at destruction: a scraper of a stopped engine is refused.
-  ::close(listen_fd_);
-  listen_fd_ = -1;
+  listen_fd_.reset();
 }
 
 void MetricsExporter::run() {
   while (!stop_.load()) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0 && errno != EINTR) break;
     if (stop_.load()) break;
     if (!(fds[0].revents & POLLIN)) continue;
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;
+    const core::UniqueFd fd(
+        ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!fd.valid()) continue;
     try {
-      serve(fd);
+      serve(fd.get());
     } catch (const std::exception& e) {
       core::log().warn("metrics: {}", e.what());
     }
-    ::close(fd);
   }
 }
 
@@ -289,7 +286,7 @@ void MetricsExporter::serve(int fd) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
-    pollfd fds[2] = {{fd, ev, 0}, {wake_fd_, POLLIN, 0}};
+    pollfd fds[2] = {{fd, ev, 0}, {wake_fd_.get(), POLLIN, 0}};
     return ::poll(fds, 2, int(left.count())) > 0 && (fds[0].revents & (ev | POLLHUP | POLLERR)) &&
            !stop_.load();
   };

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "core/unique_fd.h"
 #include "ferry/stats.h"
 #include "ferry/status.h"
 
@@ -39,8 +40,8 @@ class MetricsExporter {
 
   std::function<std::string()> body_;
   std::string bound_;
-  int listen_fd_ = -1;
-  int wake_fd_ = -1;
+  core::UniqueFd listen_fd_;
+  core::UniqueFd wake_fd_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> scrapes_{0};
   std::thread thread_;

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <span>
 
+#include "core/unique_fd.h"
+
 namespace ferry::fabric {
 
 class ConnectProbe {
@@ -28,9 +30,6 @@ class ConnectProbe {
   };
 
   ConnectProbe() = default;
-  ~ConnectProbe() { close(); }
-  ConnectProbe(const ConnectProbe&) = delete;
-  ConnectProbe& operator=(const ConnectProbe&) = delete;
 
   // The sockaddr_in or sockaddr_in6 in `addr`; false when it is neither.
   static bool is_inet(std::span<const uint8_t> addr) noexcept;
@@ -41,11 +40,10 @@ class ConnectProbe {
   // since start() with no answer.
   Answer poll(std::chrono::steady_clock::time_point now,
               std::chrono::milliseconds timeout) noexcept;
-  bool pending() const noexcept { return fd_ >= 0; }
+  bool pending() const noexcept { return fd_.valid(); }
 
  private:
-  void close() noexcept;
-  int fd_ = -1;
+  core::UniqueFd fd_;
   std::chrono::steady_clock::time_point started_{};
 };
 

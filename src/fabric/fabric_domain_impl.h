@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "core/domain.h"
+#include "core/unique_fd.h"
 #include "fabric/connect_probe.h"
 #include "fabric/fabric_domain.h"
 #include "fabric/fabric_handles.h"
-#include "fabric/unique_fd.h"
 
 namespace ferry::fabric {
 
@@ -149,15 +149,12 @@ class ProcessWatch {
  public:
   // valid() is false when the kernel has no pidfd_open or the pid is gone.
   explicit ProcessWatch(pid_t pid);
-  ~ProcessWatch();
-  ProcessWatch(const ProcessWatch&) = delete;
-  ProcessWatch& operator=(const ProcessWatch&) = delete;
-  bool valid() const noexcept { return pidfd_ >= 0; }
+  bool valid() const noexcept { return pidfd_.valid(); }
   bool exited() const noexcept;
-  int fd() const noexcept { return pidfd_; }  // readable once the process has exited
+  int fd() const noexcept { return pidfd_.get(); }  // readable once the process has exited
 
  private:
-  int pidfd_ = -1;
+  core::UniqueFd pidfd_;
 };
 
 // A peer reached through the shm provider, a process on this host.
@@ -382,7 +379,7 @@ class FabricDomain final : public core::Domain {
   std::mutex rescuer_mu_;
   // eventfd: a new peer to watch, or stop. Closes with the Domain, after
   // close_all has joined the thread.
-  UniqueFd rescuer_wake_fd_;
+  core::UniqueFd rescuer_wake_fd_;
   bool rescuer_stop_ = false;
   // Our own lock, looked at by the rescuer while a peer that exited may have
   // left it taken (guarded by rescuer_mu_): since when it has been seen taken

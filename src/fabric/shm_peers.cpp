@@ -28,19 +28,15 @@ namespace ferry::fabric {
 ProcessWatch::ProcessWatch(pid_t pid) {
 #ifdef SYS_pidfd_open
   const long fd = ::syscall(SYS_pidfd_open, pid, 0);
-  if (fd >= 0) pidfd_ = int(fd);
+  if (fd >= 0) pidfd_.reset(int(fd));
 #else
   (void)pid;
 #endif
 }
 
-ProcessWatch::~ProcessWatch() {
-  if (pidfd_ >= 0) ::close(pidfd_);
-}
-
 bool ProcessWatch::exited() const noexcept {
-  if (pidfd_ < 0) return false;
-  pollfd p{pidfd_, POLLIN, 0};
+  if (!pidfd_.valid()) return false;
+  pollfd p{pidfd_.get(), POLLIN, 0};
   return ::poll(&p, 1, 0) > 0;
 }
 
@@ -83,14 +79,13 @@ std::string shm_path(std::string_view name) {
 // The head of a region file, mapped shared (read-write: the rescuer may
 // release its lock). Null on failure; *size gets the file's size.
 void* map_region_head(const std::string& path, size_t* map_len, uint64_t* size) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return nullptr;
+  const core::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) return nullptr;
   struct stat st {};
   void* p = MAP_FAILED;
   const size_t len = size_t(::sysconf(_SC_PAGESIZE));
-  if (::fstat(fd, &st) == 0 && uint64_t(st.st_size) >= len)
-    p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
+  if (::fstat(fd.get(), &st) == 0 && uint64_t(st.st_size) >= len)
+    p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return nullptr;
   *map_len = len;
   *size = uint64_t(st.st_size);
@@ -125,19 +120,18 @@ void* map_own_shm_region(std::string_view name, uint8_t* version, size_t* len) {
   std::string why;
   void* region = nullptr;
   uint64_t size = 0;
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  const core::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
   struct stat st {};
-  if (fd < 0 || ::fstat(fd, &st) != 0 || st.st_size < 4096) {
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || st.st_size < 4096) {
     why = fmt::format("cannot open {}: {}", path, std::strerror(errno));
   } else {
     size = uint64_t(st.st_size);
-    region = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    region = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (region == MAP_FAILED) {
       region = nullptr;
       why = fmt::format("cannot map {}: {}", path, std::strerror(errno));
     }
   }
-  if (fd >= 0) ::close(fd);
   const uintptr_t base = region != nullptr ? read_at<uintptr_t>(region, kBaseAddr) : 0;
   if (region == nullptr) {
   } else if (read_at<int>(region, kPid) != ::getpid()) {

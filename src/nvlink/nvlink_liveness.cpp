@@ -14,14 +14,10 @@ PeerLiveness::PeerLiveness(pid_t pid, Clock::duration period) : pid_(pid), perio
   // Kernels before 5.3 lack it: then kill(pid, 0), which a reused pid fools.
   const long fd = ::syscall(SYS_pidfd_open, pid, 0);
   if (fd >= 0)
-    pidfd_ = int(fd);
+    pidfd_.reset(int(fd));
   else if (errno == ESRCH)
     dead_ = true;
 #endif
-}
-
-PeerLiveness::~PeerLiveness() {
-  if (pidfd_ >= 0) ::close(pidfd_);
 }
 
 bool PeerLiveness::alive(Clock::time_point now) {
@@ -33,8 +29,8 @@ bool PeerLiveness::alive(Clock::time_point now) {
 }
 
 bool PeerLiveness::check() {
-  if (pidfd_ >= 0) {
-    pollfd p{pidfd_, POLLIN, 0};
+  if (pidfd_.valid()) {
+    pollfd p{pidfd_.get(), POLLIN, 0};
     return ::poll(&p, 1, 0) == 0;
   }
   return ::kill(pid_, 0) == 0 || errno != ESRCH;

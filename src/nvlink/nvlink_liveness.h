@@ -10,15 +10,14 @@
 
 #include <chrono>
 
+#include "core/unique_fd.h"
+
 namespace ferry::nvlink {
 
 class PeerLiveness {
  public:
   using Clock = std::chrono::steady_clock;
   explicit PeerLiveness(pid_t pid, Clock::duration period = std::chrono::milliseconds(100));
-  ~PeerLiveness();
-  PeerLiveness(const PeerLiveness&) = delete;
-  PeerLiveness& operator=(const PeerLiveness&) = delete;
 
   // False once the process has exited (and from then on).
   bool alive(Clock::time_point now = Clock::now());
@@ -26,7 +25,7 @@ class PeerLiveness {
  private:
   bool check();
   pid_t pid_;
-  int pidfd_ = -1;  // readable once the process exits; immune to pid reuse
+  core::UniqueFd pidfd_;  // readable once the process exits; immune to pid reuse
   Clock::duration period_;
   Clock::time_point next_{};
   bool dead_ = false;

@@ -101,25 +101,22 @@ void release_slot(Slot& slot, uint64_t pos, uint32_t capacity) {
   slot.state.store(slot_state(uint32_t(pos + capacity), 0), std::memory_order_release);
 }
 
-// The owner's wake socket; -1 when it cannot be made (the owner naps instead).
-int bind_wake_socket(const std::string& path) {
+// The owner's wake socket; none when it cannot be made (the owner naps instead).
+core::UniqueFd bind_wake_socket(const std::string& path) {
   sockaddr_un a;
-  if (!fill_addr(path, &a)) return -1;
-  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
+  if (!fill_addr(path, &a)) return {};
+  core::UniqueFd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return {};
   ::unlink(path.c_str());  // a file left by a killed process of a reused pid
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return {};
   return fd;
 }
 }  // namespace
 
 std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t pid, int device,
                                                Status* error) {
-  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) {
+  const core::UniqueFd fd(::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600));
+  if (!fd.valid()) {
     *error = sys_error("shm_open", name);
     return nullptr;
   }
@@ -127,13 +124,11 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
   s->name_ = name;
   s->owner_ = true;  // unlinks from here on, also on failure below
   s->self_pid_ = uint32_t(::getpid());
-  if (::ftruncate(fd, kShmBytes) != 0) {
+  if (::ftruncate(fd.get(), kShmBytes) != 0) {
     *error = sys_error("ftruncate", name);
-    ::close(fd);
     return nullptr;
   }
-  void* p = ::mmap(nullptr, kShmBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
+  void* p = ::mmap(nullptr, kShmBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) {
     *error = sys_error("mmap", name);
     return nullptr;
@@ -166,7 +161,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
     new (&msgs[i].len) std::atomic<uint32_t>(0);
   }
   s->wake_fd_ = bind_wake_socket(wake_path(name));
-  if (s->wake_fd_ >= 0) s->wake_path_ = wake_path(name);
+  if (s->wake_fd_.valid()) s->wake_path_ = wake_path(name);
   // The magic last, released: a reader that sees it sees an initialised segment.
   std::atomic_ref<uint64_t>(h->magic).store(kShmMagic, std::memory_order_release);
   *error = Status::ok();
@@ -174,8 +169,8 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
 }
 
 std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, Status* error) {
-  const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) {
+  const core::UniqueFd fd(::shm_open(name.c_str(), O_RDWR, 0));
+  if (!fd.valid()) {
     *error = Status(errno == ENOENT ? Code::kUnavailable : Code::kFailedPrecondition,
                     fmt::format("nvlink: peer segment '{}' cannot be opened ({}): the peer "
                                 "exited or runs as another user",
@@ -183,15 +178,13 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, Status* er
     return nullptr;
   }
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || size_t(st.st_size) < kShmBytes) {
-    ::close(fd);
+  if (::fstat(fd.get(), &st) != 0 || size_t(st.st_size) < kShmBytes) {
     *error = Status(Code::kInvalidArgument,
                     fmt::format("nvlink: peer segment '{}' is {} bytes, expected {}", name,
                                 size_t(st.st_size), kShmBytes));
     return nullptr;
   }
-  void* p = ::mmap(nullptr, kShmBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
+  void* p = ::mmap(nullptr, kShmBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) {
     *error = sys_error("mmap", name);
     return nullptr;
@@ -201,7 +194,7 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, Status* er
   s->base_ = p;
   s->self_pid_ = uint32_t(::getpid());
   s->wake_path_ = wake_path(name);
-  s->wake_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  s->wake_fd_.reset(::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (sockaddr_un a; fill_addr(s->wake_path_, &a)) s->wake_addr_ = a;
   const ShmHeader& h = s->header();
   if (std::atomic_ref<const uint64_t>(h.magic).load(std::memory_order_acquire) != kShmMagic ||
@@ -218,7 +211,6 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, Status* er
 
 ShmSegment::~ShmSegment() {
   if (base_ != nullptr) ::munmap(base_, kShmBytes);
-  if (wake_fd_ >= 0) ::close(wake_fd_);
   if (owner_) {
     ::shm_unlink(name_.c_str());
     if (!wake_path_.empty()) ::unlink(wake_path_.c_str());
@@ -275,12 +267,12 @@ void ShmSegment::wake_owner() {
   ShmHeader& h = header();
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (h.sleeping.load(std::memory_order_relaxed) == 0 ||
-      h.sleeping.exchange(0, std::memory_order_relaxed) == 0 || wake_fd_ < 0 || !wake_addr_)
+      h.sleeping.exchange(0, std::memory_order_relaxed) == 0 || !wake_fd_.valid() || !wake_addr_)
     return;
   const char b = 1;
   // Best effort: a full socket buffer means the owner is being woken anyway,
   // a gone owner needs no waking; its poll has a 2 ms timeout.
-  (void)::sendto(wake_fd_, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+  (void)::sendto(wake_fd_.get(), &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
                  reinterpret_cast<const sockaddr*>(&*wake_addr_), sizeof(sockaddr_un));
 }
 
@@ -320,7 +312,7 @@ int64_t ShmSegment::pop_msg(void* dst, size_t cap) {
 }
 
 bool ShmSegment::prepare_to_sleep(bool messages_count) {
-  if (wake_fd_ < 0) return false;
+  if (!wake_fd_.valid()) return false;
   ShmHeader& h = header();
   h.sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -338,7 +330,7 @@ bool ShmSegment::prepare_to_sleep(bool messages_count) {
 void ShmSegment::woken() {
   header().sleeping.store(0, std::memory_order_relaxed);
   char buf[64];
-  while (wake_fd_ >= 0 && ::recv(wake_fd_, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+  while (wake_fd_.valid() && ::recv(wake_fd_.get(), buf, sizeof(buf), MSG_DONTWAIT) > 0) {
   }
 }
 

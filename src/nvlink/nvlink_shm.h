@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 
+#include "core/unique_fd.h"
 #include "ferry/status.h"
 
 namespace ferry::nvlink {
@@ -186,7 +187,7 @@ class ShmSegment {
   // Owner only: a datagram socket that becomes readable when a writer pushes
   // while the owner sleeps, so an idle worker can block in poll(2) instead of
   // napping; -1 when it could not be made (the worker naps then).
-  int wake_fd() const { return wake_fd_; }
+  int wake_fd() const { return wake_fd_.get(); }
   // Owner only: announces the owner is about to block; false (and not
   // announced) when the mailbox already holds a run, or, with
   // `messages_count`, the message ring a message.
@@ -216,7 +217,7 @@ class ShmSegment {
   std::string name_;
   void* base_ = nullptr;
   bool owner_ = false;
-  int wake_fd_ = -1;                      // owner: bound socket; writer: unbound, to send from
+  core::UniqueFd wake_fd_;                // owner: bound socket; writer: unbound, to send from
   std::string wake_path_;                 // the owner's socket, a file beside the segment
   std::optional<sockaddr_un> wake_addr_;  // writer: wake_path_ as an address
   uint32_t next_free_ = 0;                // owner: slots never used yet start here

@@ -12,6 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/unique_fd.h"
+
 namespace ferry::testing {
 
 namespace {
@@ -54,10 +56,7 @@ struct Endpoint {
   std::atomic<size_t> inbound_size{0};
   // Closed with the last reference: a peer may still be waking us while our
   // NIC closes.
-  int efd = -1;
-  ~Endpoint() {
-    if (efd >= 0) ::close(efd);
-  }
+  core::UniqueFd efd;
 
   void deliver(const Completion& c) {
     {
@@ -66,7 +65,7 @@ struct Endpoint {
       inbound_size.store(inbound.size(), std::memory_order_release);
     }
     uint64_t one = 1;
-    [[maybe_unused]] auto r = ::write(efd, &one, sizeof(one));
+    [[maybe_unused]] auto r = ::write(efd.get(), &one, sizeof(one));
   }
 };
 
@@ -98,7 +97,7 @@ class FakeDomain final : public core::Domain {
  public:
   FakeDomain(const core::DomainOptions& o, bool discard) : discard_(discard) {
     ep_ = std::make_shared<Endpoint>();
-    ep_->efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    ep_->efd.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     auto& fab = Fabric::get();
     ep_->id = fab.next.fetch_add(1);
     {
@@ -241,7 +240,7 @@ class FakeDomain final : public core::Domain {
       }
       spare_.clear();
       uint64_t v;
-      [[maybe_unused]] auto rd = ::read(ep_->efd, &v, sizeof(v));
+      [[maybe_unused]] auto rd = ::read(ep_->efd.get(), &v, sizeof(v));
     }
     return n;
   }
@@ -283,7 +282,7 @@ class FakeDomain final : public core::Domain {
     return {reinterpret_cast<void*>(remote_addr), peers_.at(peer_id)};
   }
 
-  int wait_fd() override { return ep_->efd; }
+  int wait_fd() override { return ep_->efd.get(); }
   bool can_block() override {
     return head_ == done_.size() && ep_->inbound_size.load(std::memory_order_acquire) == 0;
   }

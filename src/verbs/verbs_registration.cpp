@@ -12,25 +12,14 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "core/unique_fd.h"
 #include "verbs/verbs_domain_impl.h"
 
 namespace ferry::verbs {
 
 namespace {
 
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd = -1) : fd_(fd) {}
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
+using core::UniqueFd;
 
 // GPU memory as a dma-buf, through the CUDA driver API looked up at run time
 // so that ferry needs no CUDA at build time. No fd (with *why) when not

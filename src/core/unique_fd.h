@@ -5,7 +5,7 @@
 
 #include <utility>
 
-namespace ferry::fabric {
+namespace ferry::core {
 
 class UniqueFd {
  public:
@@ -29,4 +29,4 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-}  // namespace ferry::fabric
+}  // namespace ferry::core
