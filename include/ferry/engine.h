@@ -242,8 +242,13 @@ class TransferEngine {
   // Copies `msg` into an internal buffer: the caller may reuse it at once.
   TransferId submit_send(const NetAddr& addr, std::span<const uint8_t> msg, OnDone on_done);
   // Posts `count` receive buffers of `len` bytes each; every message is
-  // handed to on_recv without a copy, then the buffer is re-posted.
+  // handed to on_recv without a copy (on the callback thread, or with
+  // CallbackOn::kWorker inline on the worker that received it, under the
+  // rules of CallbackOn), then the buffer is re-posted. A submit_send made
+  // from an inline on_recv never waits for a send buffer: with none free it
+  // throws kResourceExhausted.
   void submit_recvs(size_t len, size_t count, RecvCallback on_recv);
+  void submit_recvs(size_t len, size_t count, RecvCallback on_recv, CallbackOn on);
 
   // --- one-sided ----------------------------------------------------------
   TransferId submit_single_write(uint64_t len, std::optional<uint32_t> imm, MrHandle src,

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -114,30 +115,60 @@ using TransferReq = std::variant<SingleReq, PagedReq, ScatterReq, BarrierReq, Se
 using Request = std::variant<SingleReq, PagedReq, ScatterReq, BarrierReq, SendReq, PreparedReq,
                              RecvPostReq, ControlReq>;
 
-// An immediate with no OnDone to a group of one NIC, whole in the first line
-// of its ring cell (with the cell's sequence number and the fields before it):
-// the worker reads that line and nothing else, so the hand-off moves one line
-// instead of the four or five a request in `req` fills.
+// The one-line forms of a command: whole in the first line of its ring cell
+// (with the cell's sequence number and the fields before them), so the worker
+// reads that line and nothing else and the hand-off moves one line instead of
+// the four or five a request in `req` fills. Each form starts with `kind`;
+// the union's members share it (a common initial sequence). Plain aggregates:
+// a union of members with initialisers would have no default constructor.
+enum class FastKind : uint8_t { kNone, kImm, kSend, kRecvPost };
+// An immediate with no OnDone to a group of one NIC.
 struct FastImm {
-  const NetAddr* addr = nullptr;  // interned; null: the command is in `req`
-  uint64_t rkey = 0;
-  uint64_t base = 0;
-  uint32_t imm = 0;
+  FastKind kind;
+  uint32_t imm;
+  const NetAddr* addr;  // interned
+  uint64_t rkey;
+  uint64_t base;
+};
+// A send with no OnDone: SendReq.
+struct FastSend {
+  FastKind kind;
+  uint32_t buffer;
+  const NetAddr* addr;  // interned
+  uint64_t len;
+};
+// A receive buffer the user has seen, back to the NIC: RecvPostReq.
+struct FastRecvPost {
+  FastKind kind;
+  uint32_t pool;
+  uint32_t buffer;
+};
+union FastCmd {
+  struct Tag {
+    FastKind kind;
+  } tag = {FastKind::kNone};  // kNone: the command is in `req`
+  FastImm imm;
+  FastSend send;
+  FastRecvPost recv_post;
+  FastKind kind() const { return tag.kind; }
 };
 
 struct Command {
-  // The first 56 bytes: a fast immediate's whole command.
+  // The first 56 bytes: a one-line command whole.
   TransferId id = 0;
   Clock::time_point deadline{};  // epoch = none
   int64_t submit_ns = 0;         // core::now_ns() at submit (statistics; 0 = not taken)
-  FastImm fast;                  // admitted, no OnDone; the fields below are not read
-  bool admitted = false;         // counted in the group's requests in flight
+  FastCmd fast;                  // kImm, kSend: admitted, no OnDone; the fields below are not read
+  bool is_fast() const { return fast.kind() != FastKind::kNone; }
+  bool admitted = false;  // counted in the group's requests in flight
   OnDone on_done;
   Request req;
 };
 // The ring cell's sequence number takes the line's first 8 bytes.
-static_assert(sizeof(TransferId) + sizeof(Clock::time_point) + sizeof(int64_t) + sizeof(FastImm) <=
+static_assert(sizeof(TransferId) + sizeof(Clock::time_point) + sizeof(int64_t) + sizeof(FastCmd) <=
               56);
+static_assert(std::is_standard_layout_v<FastCmd> && std::is_standard_layout_v<FastImm> &&
+              std::is_standard_layout_v<FastSend> && std::is_standard_layout_v<FastRecvPost>);
 
 }  // namespace ferry::core
 

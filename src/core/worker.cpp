@@ -105,39 +105,6 @@ void Worker::stop() {
   thread_.join();
 }
 
-Status SendBuffers::acquire(Clock::time_point deadline, bool wait, uint32_t* out) {
-  std::unique_lock lk(mu_);
-  ++waiters_;
-  Status st;
-  for (;;) {
-    if (closed_) {
-      st = Status(Code::kFailedPrecondition, "the transfer engine is stopped");
-      break;
-    }
-    if (!free_.empty()) {
-      *out = free_.back();
-      free_.pop_back();
-      break;
-    }
-    const Status none(Code::kResourceExhausted,
-                      "submit_send: every send buffer is in flight "
-                      "(EngineConfig::send_buffer_count)");
-    if (!wait) {
-      st = none;
-      break;
-    }
-    if (deadline == Clock::time_point{}) {
-      cv_.wait(lk);
-    } else if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && free_.empty() &&
-               !closed_) {
-      st = none;
-      break;
-    }
-  }
-  --waiters_;
-  return st;
-}
-
 Status Worker::admit(Clock::time_point deadline) {
   const uint64_t limit = shared_->config.max_requests_in_flight;
   auto try_admit = [&](uint64_t cap) {
@@ -381,7 +348,7 @@ void Worker::run(std::promise<Status>* init) {
   end_turn();
   // Shutdown: everything still queued or in flight ends as cancelled.
   auto cancel = [&](Command& cmd) {
-    if (cmd.fast.addr == nullptr && std::holds_alternative<ControlReq>(cmd.req))
+    if (!cmd.is_fast() && std::holds_alternative<ControlReq>(cmd.req))
       std::get<ControlReq>(cmd.req).fn();
     else
       fail_command(cmd, Status(Code::kCancelled, "engine stopped"));
@@ -565,8 +532,7 @@ bool Worker::drain_commands() {
     Command* cmd = ring_.front();
     if (cmd == nullptr) break;
     handle(*cmd);
-    if (cmd->fast.addr == nullptr && std::holds_alternative<ControlReq>(cmd->req))
-      cmd->req = RecvPostReq{};
+    if (!cmd->is_fast() && std::holds_alternative<ControlReq>(cmd->req)) cmd->req = RecvPostReq{};
     ring_.pop();
   }
   const size_t m = overflow_.try_dequeue_bulk(drained_.begin(), drained_.size());
@@ -578,9 +544,16 @@ bool Worker::drain_commands() {
 }
 
 void Worker::handle(Command& cmd) {
-  if (cmd.fast.addr != nullptr) {
-    start_transfer(cmd);
-    return;
+  switch (cmd.fast.kind()) {
+    case FastKind::kImm:
+    case FastKind::kSend:
+      start_transfer(cmd);
+      return;
+    case FastKind::kRecvPost:
+      post_recv_buffer(cmd.fast.recv_post.pool, cmd.fast.recv_post.buffer);
+      return;
+    case FastKind::kNone:
+      break;
   }
   if (auto* c = std::get_if<ControlReq>(&cmd.req)) {
     c->fn();
@@ -594,9 +567,17 @@ void Worker::handle(Command& cmd) {
 }
 
 void Worker::fail_command(Command& cmd, Status s) {
-  if (cmd.fast.addr != nullptr) {  // admitted, nothing to signal
-    release_admission();
-    return;
+  switch (cmd.fast.kind()) {  // nothing to signal
+    case FastKind::kSend:
+      shared_->send_free->release(cmd.fast.send.buffer);
+      [[fallthrough]];
+    case FastKind::kImm:
+      release_admission();
+      return;
+    case FastKind::kRecvPost:
+      return;
+    case FastKind::kNone:
+      break;
   }
   if (auto* send = std::get_if<SendReq>(&cmd.req)) shared_->send_free->release(send->buffer);
   if (std::holds_alternative<RecvPostReq>(cmd.req)) return;

@@ -26,6 +26,7 @@
 #include "core/ops.h"
 #include "core/requests.h"
 #include "core/ring.h"
+#include "core/send_buffers.h"
 #include "core/sharding.h"
 #include "core/stats.h"
 #include "core/submit_ring.h"
@@ -55,38 +56,7 @@ struct BufferPool {
 };
 struct RecvPool : BufferPool {
   RecvCallback on_recv;
-};
-
-// Indices of free send buffers. A submitter finding none waits (up to its
-// deadline) or is refused, as EngineConfig::queue_full says; stop wakes it.
-// A plain locked stack: taken once per send by the submitter and given back
-// once by the worker, so the lock is short and rarely contended.
-class SendBuffers {
- public:
-  void reserve(size_t n) {
-    std::lock_guard lk(mu_);
-    free_.reserve(n);
-  }
-  void release(uint32_t i) {
-    std::lock_guard lk(mu_);
-    free_.push_back(i);
-    if (waiters_ > 0) cv_.notify_one();
-  }
-  // kOk with *out set; kResourceExhausted when none came by the deadline (at
-  // once when !wait); kFailedPrecondition once closed.
-  Status acquire(Clock::time_point deadline, bool wait, uint32_t* out);
-  void close() {
-    std::lock_guard lk(mu_);
-    closed_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<uint32_t> free_;
-  int32_t waiters_ = 0;
-  bool closed_ = false;
+  bool on_worker = false;  // CallbackOn::kWorker: on_recv runs where the message arrived
 };
 
 struct EngineShared {

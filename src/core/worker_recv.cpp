@@ -1,6 +1,6 @@
 // Receives of a worker: posting the engine's receive buffers and handing
-// filled ones to the callback thread, which re-posts them after the user saw
-// the bytes.
+// filled ones to the user (on the callback thread, or inline), re-posting
+// each once the user saw the bytes.
 #include <fmt/format.h>
 
 #include "core/callback_thread.h"
@@ -38,8 +38,24 @@ void Worker::on_recv_done(uint64_t ctx, uint64_t len, const Status& st) {
     if (!stop_.load()) post_recv_buffer(pool, buffer);
     return;
   }
-  len = std::min<uint64_t>(len, (*shared_->recv_pools)[pool]->buf_len);
-  shared_->callbacks->push(RecvEvent{&Worker::deliver_recv, this, pool, buffer, len}, turn_ns());
+  RecvPool& p = *(*shared_->recv_pools)[pool];
+  len = std::min<uint64_t>(len, p.buf_len);
+  if (!p.on_worker) {
+    shared_->callbacks->push(RecvEvent{&Worker::deliver_recv, this, pool, buffer, len}, turn_ns());
+    return;
+  }
+  // Inline (CallbackOn::kWorker): no hop either way, and the buffer goes
+  // straight back to the NIC. An exception must not reach the worker's loop.
+  try {
+    p.on_recv(std::span<const uint8_t>(p.buffer(buffer), len));
+  } catch (const std::exception& e) {
+    shared_->callbacks->count_failure();
+    log().error("inline receive callback threw: {} (the engine keeps running)", e.what());
+  } catch (...) {
+    shared_->callbacks->count_failure();
+    log().error("inline receive callback threw a non-std exception");
+  }
+  if (!stop_.load()) post_recv_buffer(pool, buffer);
 }
 
 void Worker::deliver_recv(void* self, uint32_t pool, uint32_t buffer, uint64_t len) {
@@ -51,9 +67,9 @@ void Worker::deliver_recv(void* self, uint32_t pool, uint32_t buffer, uint64_t l
     Worker* w;
     uint32_t pool, buffer;
     ~Repost() {
-      Command c;
-      c.req = RecvPostReq{pool, buffer};
-      w->submit(std::move(c));
+      w->submit_with([&](Command& c) {
+        c.fast.recv_post = FastRecvPost{FastKind::kRecvPost, pool, buffer};
+      });
     }
   } repost{w, pool, buffer};
   p->on_recv(std::span<const uint8_t>(p->buffer(buffer), len));

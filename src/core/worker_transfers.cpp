@@ -38,8 +38,9 @@ void Worker::start_transfer(Command& cmd) {
   s.cursors_live = 0;
   s.posted = s.completed = 0;
   s.error = Status();
-  if (const FastImm& f = cmd.fast; f.addr != nullptr) {
-    // Only the command's first line is read (FastImm): one NIC, no OnDone.
+  if (cmd.fast.kind() == FastKind::kImm) {
+    // Only the command's first line is read: one NIC, no OnDone.
+    const FastImm& f = cmd.fast.imm;
     s.on_done = OnDone();
     s.admitted = true;
     auto& r = s.req.template emplace<SingleReq>();
@@ -47,6 +48,11 @@ void Worker::start_transfer(Command& cmd) {
     r.dst.nics[0] = DstRef::Nic{f.addr, f.rkey, f.base};
     r.imm = f.imm;
     r.route = WriteRoute::pinned(0);
+  } else if (cmd.fast.kind() == FastKind::kSend) {
+    const FastSend& f = cmd.fast.send;
+    s.on_done = OnDone();
+    s.admitted = true;
+    s.req.template emplace<SendReq>(SendReq{f.addr, f.buffer, f.len});
   } else {
     s.on_done = std::move(cmd.on_done);
     s.admitted = cmd.admitted;

@@ -58,6 +58,8 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
                                 config.groups[i].device.to_string()));
   if (config.send_buffer_count == 0 || config.send_buffer_size == 0)
     throw Error(Code::kInvalidArgument, "EngineConfig: empty send buffer pool");
+  if (config.send_buffer_count >= (1u << 24))
+    throw Error(Code::kInvalidArgument, "EngineConfig: send_buffer_count must be below 2^24");
 
   im.shared.config = config;
   im.shared.incarnation = random_incarnation();
@@ -149,8 +151,7 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   sp.reg = reg;
   im.own_threads.push_back(im.callbacks->thread_id());
   for (auto& w : im.workers) im.own_threads.push_back(w->thread_id());
-  im.send_free.reserve(sp.count);
-  for (uint32_t i = 0; i < sp.count; ++i) im.send_free.release(i);
+  im.send_free.reset(uint32_t(sp.count));
   try {
     im.obs.start_metrics(config, [this] { return stats(); });
   } catch (...) {

@@ -168,7 +168,7 @@ struct TransferEngine::Impl {
     // Written once, into the cell the worker reads it from.
     w.submit_with([&](Command& cmd) {
       cmd.id = id;
-      cmd.fast.addr = nullptr;  // the cell may hold a fast immediate's remains
+      cmd.fast.tag.kind = core::FastKind::kNone;  // the cell may hold a one-line command's remains
       cmd.admitted = true;
       cmd.on_done = std::move(on_done);
       cmd.deadline = deadline_at;
@@ -191,7 +191,24 @@ struct TransferEngine::Impl {
       cmd.id = id;
       cmd.deadline = deadline_at;
       cmd.submit_ns = core::kStatsEnabled ? core::ns_of(now) : 0;
-      cmd.fast = core::FastImm{addr, dst.rkey, dst.base, imm};
+      cmd.fast.imm = core::FastImm{core::FastKind::kImm, imm, addr, dst.rkey, dst.base};
+    });
+    return id;
+  }
+
+  // A send with no OnDone: the whole command in the first line of its cell
+  // (core::FastSend). `buffer` holds the message already.
+  TransferId submit_fast_send(core::Worker& w, const NetAddr& to, uint32_t buffer, uint64_t len,
+                              Clock::time_point now, Clock::time_point deadline_at) {
+    Status st = w.admit(deadline_at);
+    if (!st.is_ok()) throw Error(st);
+    const TransferId id = next_transfer.fetch_add(1, std::memory_order_relaxed);
+    const NetAddr* addr = addrs->intern(to);
+    w.submit_with([&](Command& cmd) {
+      cmd.id = id;
+      cmd.deadline = deadline_at;
+      cmd.submit_ns = core::kStatsEnabled ? core::ns_of(now) : 0;
+      cmd.fast.send = core::FastSend{core::FastKind::kSend, buffer, addr, len};
     });
     return id;
   }

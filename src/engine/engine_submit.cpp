@@ -19,12 +19,18 @@ TransferId TransferEngine::submit_send(const NetAddr& addr, std::span<const uint
                 fmt::format("submit_send: {} bytes exceed the send buffer size {} "
                             "(EngineConfig::send_buffer_size)",
                             msg.size(), im.send_pool.buf_len));
-  const Clock::time_point dl = im.deadline();
+  const auto now = Clock::now();
+  const Clock::time_point dl = im.deadline(now);
   uint32_t buf = 0;
-  Status st = im.send_free.acquire(dl, im.shared.config.queue_full == QueueFull::kBlock, &buf);
+  // A callback run on a worker (CallbackOn::kWorker) must not wait for a
+  // buffer: the workers are what give them back.
+  const bool wait =
+      im.shared.config.queue_full == QueueFull::kBlock && !core::Worker::on_worker_thread();
+  Status st = im.send_free.acquire(dl, wait, &buf);
   if (!st.is_ok()) throw Error(st);
   if (!msg.empty()) std::memcpy(im.send_pool.buffer(buf), msg.data(), msg.size());
   try {
+    if (on_done.empty()) return im.submit_fast_send(*im.workers[0], addr, buf, msg.size(), now, dl);
     return im.submit(*im.workers[0], std::move(on_done),
                      core::SendReq{im.addrs->intern(addr), buf, msg.size()}, dl);
   } catch (...) {
@@ -34,6 +40,10 @@ TransferId TransferEngine::submit_send(const NetAddr& addr, std::span<const uint
 }
 
 void TransferEngine::submit_recvs(size_t len, size_t count, RecvCallback on_recv) {
+  submit_recvs(len, count, std::move(on_recv), CallbackOn::kCallbackThread);
+}
+
+void TransferEngine::submit_recvs(size_t len, size_t count, RecvCallback on_recv, CallbackOn on) {
   auto& im = *impl_;
   auto entered = im.enter();
   if (len == 0 || count == 0)
@@ -49,6 +59,7 @@ void TransferEngine::submit_recvs(size_t len, size_t count, RecvCallback on_recv
   pool->count = count;
   pool->mem.reset(new (core::BufferPool::kAlign) uint8_t[len * count]);
   pool->on_recv = std::move(on_recv);
+  pool->on_worker = on == CallbackOn::kWorker;
   auto reg = std::make_shared<core::Registration>();
   reg->ptr = pool->mem.get();
   reg->len = len * count;

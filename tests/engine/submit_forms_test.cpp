@@ -1,13 +1,17 @@
 // The two forms a submission takes in a worker's ring (core/requests.h): a
-// request in the command's variant, or an immediate with no OnDone to a group
-// of one NIC whole in the command's first line (FastImm). Both forms share
-// the ring's cells, lap after lap, so each must leave a cell the other can
-// take; both are admitted and must give their admission back.
+// request in the command's variant, or a command whole in its first line (an
+// immediate or a send with no OnDone, a receive buffer going back to the
+// NIC). Both forms share the ring's cells, lap after lap, so each must leave
+// a cell the other can take; both are admitted and must give their admission
+// (and a send its buffer) back. Receive callbacks may run on the worker.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -108,6 +112,144 @@ TEST_P(SubmitForms, StopWithFastImmediatesQueuedEndsCleanly) {
     for (int i = 0; i < 500; ++i) a.submit_imm(9, dst.d, OnDone::none());
     a.stop();
     EXPECT_THROW(a.submit_imm(9, dst.d, OnDone::none()), Error);
+  }
+}
+
+// An echo: b answers every message from its receive callback on the worker
+// (a one-line send made on the worker thread, the buffer re-posted inline); a
+// receives on the callback thread (each buffer goes back to the NIC as a
+// one-line command). Many more messages than receive buffers, send buffers
+// and ring cells, a few in flight at a time: each comes back once, intact.
+TEST_P(SubmitForms, OneLineSendsAndInlineReceivesEchoEveryMessage) {
+  EngineConfig c = test::config_for(GetParam());
+  c.send_buffer_count = 8;
+  TransferEngine a(c), b(c);
+  const NetAddr a_addr = a.main_address();
+  b.submit_recvs(
+      64, 4, [&](std::span<const uint8_t> m) { b.submit_send(a_addr, m, OnDone::none()); },
+      CallbackOn::kWorker);
+  constexpr uint32_t kMessages = 2000, kWindow = 4;
+  std::mutex mu;
+  std::vector<uint32_t> seen(kMessages, 0);
+  std::atomic<uint64_t> echoes{0}, bad{0};
+  a.submit_recvs(64, 4, [&](std::span<const uint8_t> m) {
+    uint32_t i = 0;
+    if (m.size() != 40) {
+      bad++;
+    } else {
+      std::memcpy(&i, m.data(), 4);
+      for (size_t k = 4; k < m.size(); ++k)
+        if (m[k] != uint8_t(i + k)) bad++;
+      std::lock_guard lk(mu);
+      if (i < kMessages) seen[i]++;
+    }
+    echoes.fetch_add(1, std::memory_order_release);
+  });
+  for (uint32_t i = 0; i < kMessages; ++i) {
+    if (i >= kWindow)
+      ASSERT_TRUE(test::wait_until([&] { return echoes.load() + kWindow > i; }, 20s))
+          << "echo of message " << i - kWindow;
+    uint8_t msg[40];
+    std::memcpy(msg, &i, 4);
+    for (size_t k = 4; k < sizeof msg; ++k) msg[k] = uint8_t(i + k);
+    a.submit_send(b.main_address(), msg, OnDone::none());
+  }
+  ASSERT_TRUE(test::wait_until([&] { return echoes.load() == kMessages; }, 20s)) << echoes.load();
+  EXPECT_EQ(bad.load(), 0u);
+  std::lock_guard lk(mu);
+  for (uint32_t i = 0; i < kMessages; ++i) ASSERT_EQ(seen[i], 1u) << "message " << i;
+}
+
+// One-line sends give their admission and their send buffer back: with room
+// for two requests, two send buffers and refusal when full, thousands of
+// sends one after another are never refused.
+TEST_P(SubmitForms, OneLineSendsGiveAdmissionAndBufferBack) {
+  EngineConfig c = test::config_for(GetParam());
+  c.max_requests_in_flight = 2;
+  c.send_buffer_count = 2;
+  c.queue_full = QueueFull::kRefuse;
+  TransferEngine a(c), b(test::config_for(GetParam()));
+  std::atomic<uint64_t> got{0};
+  b.submit_recvs(
+      16, 4, [&](std::span<const uint8_t>) { got.fetch_add(1); }, CallbackOn::kWorker);
+  for (uint64_t i = 0; i < 2000; ++i) {
+    const uint8_t msg[8] = {uint8_t(i)};
+    a.submit_send(b.main_address(), msg, OnDone::none());
+    ASSERT_TRUE(test::wait_until([&] { return got.load() == i + 1; }, 20s)) << "send " << i;
+    ASSERT_TRUE(test::wait_until([&] { return a.stats().transfers_ok() == i + 1; }, 20s))
+        << "send " << i << " never ended";
+  }
+}
+
+// A receive callback on the worker that throws is counted, the engine keeps
+// running, and the buffer goes back to the NIC: more messages than buffers
+// all arrive.
+TEST_P(SubmitForms, InlineReceiveCallbackThatThrowsKeepsItsBuffer) {
+  EngineConfig c = test::config_for(GetParam());
+  TransferEngine a(c), b(c);
+  std::atomic<uint64_t> got{0};
+  b.submit_recvs(
+      16, 2,
+      [&](std::span<const uint8_t>) {
+        got.fetch_add(1);
+        throw std::runtime_error("a user's receive callback failed");
+      },
+      CallbackOn::kWorker);
+  for (uint64_t i = 0; i < 20; ++i) {
+    const uint8_t msg[4] = {uint8_t(i)};
+    a.submit_send(b.main_address(), msg, OnDone::none());
+    ASSERT_TRUE(test::wait_until([&] { return got.load() == i + 1; }, 20s)) << "message " << i;
+  }
+  EXPECT_EQ(b.stats().callback_failures, 20u);
+}
+
+// A send from a receive callback on the worker never waits for a send buffer
+// (the worker is what frees them): with every buffer taken it throws
+// kResourceExhausted at once, even with QueueFull::kBlock.
+TEST_P(SubmitForms, SendFromInlineReceiveRefusesWhenNoBufferIsFree) {
+  EngineConfig c = test::config_for(GetParam());
+  c.send_buffer_count = 3;
+  c.queue_full = QueueFull::kBlock;
+  TransferEngine a(c), b(c);
+  const NetAddr a_addr = a.main_address();
+  std::atomic<uint64_t> replies{0}, code{0}, sent_before{0};
+  a.submit_recvs(16, 8, [&](std::span<const uint8_t>) { replies.fetch_add(1); });
+  b.submit_recvs(
+      16, 2,
+      [&](std::span<const uint8_t>) {
+        // None of these ends before the callback returns: their completions
+        // are this worker's to process.
+        const uint8_t reply[4] = {1, 2, 3, 4};
+        uint64_t n = 0;
+        try {
+          for (; n < 4; ++n) b.submit_send(a_addr, reply, OnDone::none());
+        } catch (const Error& e) {
+          code.store(uint64_t(e.code()) + 1);
+        }
+        sent_before.store(n);
+      },
+      CallbackOn::kWorker);
+  const uint8_t msg[4] = {9};
+  a.submit_send(b.main_address(), msg, OnDone::none());
+  ASSERT_TRUE(test::wait_until([&] { return replies.load() == 3; }, 20s)) << replies.load();
+  EXPECT_EQ(sent_before.load(), 3u);
+  EXPECT_EQ(code.load(), uint64_t(Code::kResourceExhausted) + 1);
+}
+
+// Queued one-line sends at stop give their buffers back and touch nothing
+// after the engine is gone.
+TEST_P(SubmitForms, StopWithOneLineSendsQueuedEndsCleanly) {
+  EngineConfig c = test::config_for(GetParam());
+  c.send_buffer_count = 512;
+  TransferEngine b(c);
+  b.submit_recvs(
+      16, 8, [](std::span<const uint8_t>) {}, CallbackOn::kWorker);
+  for (int round = 0; round < 5; ++round) {
+    TransferEngine a(c);
+    const uint8_t msg[8] = {uint8_t(round)};
+    for (int i = 0; i < 500; ++i) a.submit_send(b.main_address(), msg, OnDone::none());
+    a.stop();
+    EXPECT_THROW(a.submit_send(b.main_address(), msg, OnDone::none()), Error);
   }
 }
 

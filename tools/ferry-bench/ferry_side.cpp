@@ -29,6 +29,11 @@ void relax(const Options& o) {
     std::this_thread::yield();
 }
 
+ferry::CallbackOn callbacks_on(const Point& p) {
+  return p.kind == Kind::kSendRecvInline ? ferry::CallbackOn::kWorker
+                                         : ferry::CallbackOn::kCallbackThread;
+}
+
 }  // namespace
 
 void serve_ferry(Region& reg, const Options& o, int fd, const Point& p, uint64_t seed,
@@ -51,11 +56,12 @@ void serve_ferry(Region& reg, const Options& o, int fd, const Point& p, uint64_t
         kImmPingCb, 1, [&] { e->submit_imm(kImmPong, client, ferry::OnDone::none()); },
         p.kind == Kind::kImmInline ? ferry::CallbackOn::kWorker
                                    : ferry::CallbackOn::kCallbackThread);
-  if (p.kind == Kind::kSendRecv) {
+  if (p.sendrecv()) {
     ferry::NetAddr to = client.nics[0].addr;
-    e->submit_recvs(p.size, kFerryRecvs, [&e, to](std::span<const uint8_t> m) {
-      e->submit_send(to, m, ferry::OnDone::none());
-    });
+    e->submit_recvs(
+        p.size, kFerryRecvs,
+        [&e, to](std::span<const uint8_t> m) { e->submit_send(to, m, ferry::OnDone::none()); },
+        callbacks_on(p));
   }
   Writer w;
   w.put<uint64_t>(descs.size());
@@ -106,14 +112,17 @@ Result FerryClient::run(uint64_t index, const Point& p, const DriveConfig& dc, u
   auto pong = e.imm_counter(kImmPong);
   std::atomic<uint64_t> received{0};
   std::atomic<uint64_t> last_echo{~0ull}, last_len{0};
-  if (p.kind == Kind::kSendRecv)
-    e.submit_recvs(p.size, kFerryRecvs, [&](std::span<const uint8_t> m) {
-      uint64_t v = ~0ull;
-      if (m.size() >= 8) std::memcpy(&v, m.data(), 8);
-      last_echo.store(v);
-      last_len.store(m.size());
-      received.fetch_add(1, std::memory_order_release);
-    });
+  if (p.sendrecv())
+    e.submit_recvs(
+        p.size, kFerryRecvs,
+        [&](std::span<const uint8_t> m) {
+          uint64_t v = ~0ull;
+          if (m.size() >= 8) std::memcpy(&v, m.data(), 8);
+          last_echo.store(v);
+          last_len.store(m.size());
+          received.fetch_add(1, std::memory_order_release);
+        },
+        callbacks_on(p));
   send_msg(fd_, MsgType::kFerryBegin, Writer().put(index).put(seed).bytes(mine.to_bytes()));
   Reader rep = recv_msg(fd_, MsgType::kReply);
   std::vector<ferry::MrDesc> descs(rep.get<uint64_t>());
@@ -129,7 +138,7 @@ Result FerryClient::run(uint64_t index, const Point& p, const DriveConfig& dc, u
     uint64_t seen = 0;
     auto one = [&](uint64_t n) {
       auto t = Clock::now();
-      if (p.kind == Kind::kSendRecv) {
+      if (p.sendrecv()) {
         std::memcpy(msg.data(), &n, std::min<size_t>(8, msg.size()));
         e.submit_send(server, msg, ferry::OnDone::none());
         while (received.load(std::memory_order_acquire) == seen) {

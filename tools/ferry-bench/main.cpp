@@ -86,7 +86,10 @@ std::vector<Point> make_points(const Options& o) {
     v.push_back({Kind::kImmCb, 0, 1, true});
     v.push_back({Kind::kImmInline, 0, 1, true});
   }
-  if (want("sendrecv")) v.push_back({Kind::kSendRecv, o.msg_size, 1, false});
+  if (want("sendrecv")) {
+    v.push_back({Kind::kSendRecv, o.msg_size, 1, false});
+    v.push_back({Kind::kSendRecvInline, o.msg_size, 1, false});
+  }
   return v;
 }
 
@@ -173,7 +176,7 @@ int client(int fd, Options& o, const std::vector<Point>& points) {
   // Which points have a baseline: the raw send/recv ping-pong needs host
   // buffers, the CUDA one covers the writes that carry data.
   auto has_baseline = [&](const Point& p) {
-    if (raw) return !(region.on_gpu() && p.kind == Kind::kSendRecv);
+    if (raw) return !(region.on_gpu() && p.sendrecv());
     return copies && CopyClient::covers(p);
   };
   fmt::print("ferry-bench: provider {}, NICs [{}], {}, window {}, poll {}, {} s per point{}{}{}\n",
@@ -185,7 +188,8 @@ int client(int fd, Options& o, const std::vector<Point>& points) {
              o.iters ? fmt::format(" ({} requests)", o.iters) : "", o.verify ? ", verifying" : "");
   fmt::print(
       "latency columns: per-request completion time (throughput points), half round trip "
-      "(imm, imm-cb, imm-inl, sendrecv); frac = ferry/{} throughput, or {}/ferry p50 latency{}\n",
+      "(imm, imm-cb, imm-inl, sendrecv, sendrecv-inl); frac = ferry/{} throughput, or {}/ferry p50 "
+      "latency{}\n",
       o.baseline(), o.baseline(),
       copies ? "; cuda = one cudaMemcpyAsync per write into the peer's IPC-mapped region" : "");
   o.load_start = shell("cut -d' ' -f1-3 /proc/loadavg");
@@ -356,7 +360,8 @@ int main(int argc, char** argv) {
   app.add_option("--only", o.only,
                  "comma-separated: single,paged,scatter,barrier,imm,sendrecv (imm runs the "
                  "counter responder, the callback responder on the callback thread (imm-cb) and "
-                 "on the worker (imm-inl))")
+                 "on the worker (imm-inl); sendrecv runs the receive callbacks on the callback "
+                 "thread (sendrecv) and on the worker (sendrecv-inl))")
       ->capture_default_str();
   app.add_option("--repeat", o.repeat,
                  "run raw and ferry alternately this many times per point and report the median "

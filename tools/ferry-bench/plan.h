@@ -13,7 +13,8 @@
 
 namespace ferry_bench {
 
-// kImmInline: imm-cb with the callback run on the worker (CallbackOn::kWorker).
+// kImmInline: imm-cb with the callback run on the worker (CallbackOn::kWorker);
+// kSendRecvInline: sendrecv with both sides' receive callbacks run there.
 enum class Kind : uint32_t {
   kSingle,
   kPaged,
@@ -22,7 +23,8 @@ enum class Kind : uint32_t {
   kImm,
   kImmCb,
   kSendRecv,
-  kImmInline
+  kImmInline,
+  kSendRecvInline
 };
 
 inline const char* kind_name(Kind k) {
@@ -43,6 +45,8 @@ inline const char* kind_name(Kind k) {
       return "sendrecv";
     case Kind::kImmInline:
       return "imm-inl";
+    case Kind::kSendRecvInline:
+      return "sendrecv-inl";
   }
   return "?";
 }
@@ -62,9 +66,9 @@ struct Point {
   uint32_t count = 1;  // pages per request; scatter / barrier targets
   bool imm = true;
   bool latency() const {
-    return kind == Kind::kImm || kind == Kind::kImmCb || kind == Kind::kImmInline ||
-           kind == Kind::kSendRecv;
+    return kind == Kind::kImm || kind == Kind::kImmCb || kind == Kind::kImmInline || sendrecv();
   }
+  bool sendrecv() const { return kind == Kind::kSendRecv || kind == Kind::kSendRecvInline; }
   std::string size_label() const {
     if (size >= (1 << 20) && size % (1 << 20) == 0) return fmt::format("{}M", size >> 20);
     if (size >= 1024 && size % 1024 == 0) return fmt::format("{}K", size >> 10);

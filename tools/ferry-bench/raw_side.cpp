@@ -35,7 +35,7 @@ void post_raw_recvs(RawFabric& rf, uint8_t* msg_area, bool* posted) {
 }  // namespace
 
 RawMode raw_mode(const Point& p) {
-  if (p.kind == Kind::kSendRecv) return RawMode::kPingSend;
+  if (p.sendrecv()) return RawMode::kPingSend;
   if (p.latency()) return RawMode::kPingWrite;
   return RawMode::kSink;
 }
@@ -109,7 +109,7 @@ Result RawClient::throughput(const Point& p, const Layout& l, const DriveConfig&
 
 Result RawClient::pingpong_(const Point& p, const DriveConfig& dc) {
   RawEvent ev[32];
-  const bool send = p.kind == Kind::kSendRecv;
+  const bool send = p.sendrecv();
   if (send) post_raw_recvs(rf_, msg_, &recvs_posted_);
   uint8_t* sbuf = msg_ + kRawSendOffset;
   std::string bad;

@@ -104,11 +104,11 @@ void write_json(const std::string& path, const Options& o, const std::vector<Poi
 
 void print_header(const char* baseline) {
   fmt::print(
-      "{:<9}{:>6}{:>6}{:>4}{:>4} |{:>7}{:>7}{:>9}{:>9}{:>8}{:>8}{:>7} |{:>7}{:>9}{:>8}{:>8}{:>7} "
+      "{:<13}{:>6}{:>6}{:>4}{:>4} |{:>7}{:>7}{:>9}{:>9}{:>8}{:>8}{:>7} |{:>7}{:>9}{:>8}{:>8}{:>7} "
       "|{:>6}  {}\n",
       "kind", "size", "count", "imm", "win", "GB/s", "Gbps", "ops/s", "wr/s", "p50us", "p99us",
       "cpuus", "GB/s", "ops/s", "p50us", "p99us", "cpuus", "frac", "verify");
-  fmt::print("{:<38}|{:^66}|{:^47}|\n", "", "ferry", baseline);
+  fmt::print("{:<42}|{:^66}|{:^47}|\n", "", "ferry", baseline);
 }
 
 void print_row(const PointResult& r) {
@@ -126,7 +126,7 @@ void print_row(const PointResult& r) {
   std::string verify = v(f);
   if (w.ran && !v(w).empty() && v(w) != "ok") verify += " raw " + v(w);
   fmt::print(
-      "{:<9}{:>6}{:>6}{:>4}{:>4} | {:>6.3f} {:>6.2f} {:>8.0f} {:>8.0f} {:>7.1f} {:>7.1f} {:>6.2f} "
+      "{:<13}{:>6}{:>6}{:>4}{:>4} | {:>6.3f} {:>6.2f} {:>8.0f} {:>8.0f} {:>7.1f} {:>7.1f} {:>6.2f} "
       "|{} "
       "|{:>6.3f}  {}{}{}\n",
       kind_name(r.point.kind), r.point.size_label(), r.point.count, r.point.imm ? "y" : "n",
