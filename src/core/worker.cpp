@@ -211,6 +211,7 @@ void Worker::post_inline() {
   begin_turn();
   drain_commands();
   progress_posts();
+  flush_reposts();
   end_turn();
   wake_counters().inline_posts.fetch_add(1, std::memory_order_relaxed);
 }
@@ -230,6 +231,7 @@ bool Worker::help_progress() {
     drain_commands();
     progress_posts();
   }
+  flush_reposts();
   end_turn();
   if (busy || polled) wake_counters().helped_polls.fetch_add(1, std::memory_order_relaxed);
   return busy || polled;
@@ -317,6 +319,7 @@ void Worker::run(std::promise<Status>* init) {
     bool busy = !hooks_.empty() && run_hooks(&awake);
     busy |= drain_commands();
     busy |= progress_posts();
+    busy |= flush_reposts();
     busy |= poll_completions();
     if (arrivals_ != 0) {
       arrivals_ = 0;
@@ -550,7 +553,7 @@ void Worker::handle(Command& cmd) {
       start_transfer(cmd);
       return;
     case FastKind::kRecvPost:
-      post_recv_buffer(cmd.fast.recv_post.pool, cmd.fast.recv_post.buffer);
+      repost_after_posts(cmd.fast.recv_post.pool, cmd.fast.recv_post.buffer);
       return;
     case FastKind::kNone:
       break;

@@ -215,6 +215,11 @@ class Worker final : public OpHost {
                                          Status* err) override;
   void mark_dead(const NetAddr& addr, const Status& why);
   void post_recv_buffer(uint32_t pool, uint32_t buffer);
+  // A buffer the user has seen goes back to the NIC after this turn's posts
+  // (flush_reposts), so that a reply the user's callback submitted is posted
+  // first; at most kDeferredReposts wait, the rest are posted at once.
+  void repost_after_posts(uint32_t pool, uint32_t buffer);
+  bool flush_reposts();
   void on_recv_done(uint64_t ctx, uint64_t len, const Status& st);
   // RecvEvent::run: the callback thread hands a filled buffer to the user.
   static void deliver_recv(void* self, uint32_t pool, uint32_t buffer, uint64_t len);
@@ -317,6 +322,9 @@ class Worker final : public OpHost {
   int64_t turn_ns_ = 0;                  // turn_ns(); 0: not read in this turn yet
   std::array<int64_t, 64> picked_up_{};  // submit times of this turn's new commands
   uint32_t picked_up_n_ = 0;
+  static constexpr uint32_t kDeferredReposts = 64;
+  std::array<std::pair<uint32_t, uint32_t>, kDeferredReposts> reposts_{};  // pool, buffer
+  uint32_t reposts_n_ = 0;
   WorkerCounters stats_;
   std::unique_ptr<TraceRing> trace_;  // EngineConfig::trace_file set
 };

@@ -55,7 +55,24 @@ void Worker::on_recv_done(uint64_t ctx, uint64_t len, const Status& st) {
     shared_->callbacks->count_failure();
     log().error("inline receive callback threw a non-std exception");
   }
-  if (!stop_.load()) post_recv_buffer(pool, buffer);
+  repost_after_posts(pool, buffer);
+}
+
+void Worker::repost_after_posts(uint32_t pool, uint32_t buffer) {
+  if (reposts_n_ == kDeferredReposts) {
+    if (!stop_.load()) post_recv_buffer(pool, buffer);
+    return;
+  }
+  reposts_[reposts_n_++] = {pool, buffer};
+}
+
+bool Worker::flush_reposts() {
+  if (reposts_n_ == 0) return false;
+  const uint32_t n = reposts_n_;
+  reposts_n_ = 0;
+  if (!stop_.load())
+    for (uint32_t i = 0; i < n; ++i) post_recv_buffer(reposts_[i].first, reposts_[i].second);
+  return true;
 }
 
 void Worker::deliver_recv(void* self, uint32_t pool, uint32_t buffer, uint64_t len) {
