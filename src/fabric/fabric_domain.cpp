@@ -211,7 +211,7 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
     return nullptr;
   }
 
-  std::unique_ptr<FabricDomain> d(new FabricDomain());
+  auto d = std::make_unique<FabricDomain>(Key{});
   d->address_.resize(kInitialAddrLen);
   size_t addrlen = d->address_.size();
   ret = fi_getname(&ep->fid, d->address_.data(), &addrlen);

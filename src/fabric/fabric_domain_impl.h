@@ -201,7 +201,13 @@ struct SocketPeer {
 };
 
 class FabricDomain final : public core::Domain {
+  struct Key {
+    explicit Key() = default;
+  };
+
  public:
+  // Only open() can name Key: a domain is made by it alone.
+  explicit FabricDomain(Key) {}
   static std::unique_ptr<core::Domain> open(const core::DomainOptions& options, Status* error);
   ~FabricDomain() override;
 
@@ -225,8 +231,6 @@ class FabricDomain final : public core::Domain {
   ShmRescuerCounts rescuer_counts() const;
 
  private:
-  FabricDomain() = default;
-
   const char* missing_shm_peer(std::span<const uint8_t> raw) const;
   const char* foreign_address(std::span<const uint8_t> raw) const;
   Status post_error(const char* call, ssize_t ret) const;

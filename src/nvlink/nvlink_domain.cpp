@@ -53,7 +53,7 @@ std::unique_ptr<core::Domain> NvlinkDomain::open(const core::DomainOptions& opti
                             "device (GroupConfig{Device::cuda(n)})"));
     return nullptr;
   }
-  std::unique_ptr<NvlinkDomain> d(new NvlinkDomain());
+  auto d = std::make_unique<NvlinkDomain>(Key{});
   d->device_ = options.device.ordinal;
   if (const char* v = std::getenv("FERRY_NVLINK_COPY_ENGINE_MIN"); v != nullptr && *v != 0) {
     char* end = nullptr;

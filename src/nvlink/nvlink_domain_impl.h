@@ -99,7 +99,13 @@ class NvlinkMr final : public core::DomainMr {
 };
 
 class NvlinkDomain final : public core::Domain {
+  struct Key {
+    explicit Key() = default;
+  };
+
  public:
+  // Only open() can name Key: a domain is made by it alone.
+  explicit NvlinkDomain(Key) {}
   static std::unique_ptr<core::Domain> open(const core::DomainOptions& options, Status* error);
   ~NvlinkDomain() override;
 
@@ -170,7 +176,6 @@ class NvlinkDomain final : public core::Domain {
     std::vector<Item> items;
   };
 
-  NvlinkDomain() = default;
   Target* resolve(Peer& p, uint64_t rkey, Status* error);
   Batch* open_batch() {
     return issued_ < kBatches ? &batches_[(head_ + issued_) % kBatches] : nullptr;

@@ -120,7 +120,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create(const std::string& name, uint32_t
     *error = sys_error("shm_open", name);
     return nullptr;
   }
-  std::unique_ptr<ShmSegment> s(new ShmSegment());
+  auto s = std::make_unique<ShmSegment>(Key{});
   s->name_ = name;
   s->owner_ = true;  // unlinks from here on, also on failure below
   s->self_pid_ = uint32_t(::getpid());
@@ -189,7 +189,7 @@ std::unique_ptr<ShmSegment> ShmSegment::open(const std::string& name, Status* er
     *error = sys_error("mmap", name);
     return nullptr;
   }
-  std::unique_ptr<ShmSegment> s(new ShmSegment());
+  auto s = std::make_unique<ShmSegment>(Key{});
   s->name_ = name;
   s->base_ = p;
   s->self_pid_ = uint32_t(::getpid());

@@ -133,7 +133,13 @@ inline constexpr size_t kShmBytes = sizeof(ShmHeader) + sizeof(MailboxCell) * kM
 // RAII mapping of a segment. The owner creates (and on destruction unlinks)
 // it; writers open an existing one by name.
 class ShmSegment {
+  struct Key {
+    explicit Key() = default;
+  };
+
  public:
+  // Only create() and open() can name Key: a segment is made by them alone.
+  explicit ShmSegment(Key) {}
   static std::unique_ptr<ShmSegment> create(const std::string& name, uint32_t pid, int device,
                                             Status* error);
   static std::unique_ptr<ShmSegment> open(const std::string& name, Status* error);
@@ -210,7 +216,6 @@ class ShmSegment {
     uint64_t pos = ~0ull;
     std::chrono::steady_clock::time_point check_at{};
   };
-  ShmSegment() = default;
   void wake_owner();
   template <class Slot>
   bool skip_dead_claim(Slot& slot, uint64_t pos, uint64_t state, uint32_t capacity, Stall& stall);

@@ -113,7 +113,7 @@ std::unique_ptr<core::Domain> VerbsDomain::open(const core::DomainOptions& optio
   const std::string nic = res->nic_name;
   ibv_context* ctx = res->ctx.get();
 
-  std::unique_ptr<VerbsDomain> d(new VerbsDomain());
+  auto d = std::make_unique<VerbsDomain>(Key{});
   d->port_ = static_cast<uint8_t>(port);
   d->ethernet_ = pattr.link_layer == IBV_LINK_LAYER_ETHERNET;
   d->mtu_ = pattr.active_mtu;

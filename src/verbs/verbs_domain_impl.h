@@ -84,7 +84,13 @@ class VerbsMr final : public core::DomainMr {
 };
 
 class VerbsDomain final : public core::Domain {
+  struct Key {
+    explicit Key() = default;
+  };
+
  public:
+  // Only open() can name Key: a domain is made by it alone.
+  explicit VerbsDomain(Key) {}
   static std::unique_ptr<core::Domain> open(const core::DomainOptions& options, Status* error);
   ~VerbsDomain() override;
 
@@ -124,8 +130,6 @@ class VerbsDomain final : public core::Domain {
     std::unique_ptr<HandshakeMachine> hs;
     Status failure;  // set when the handshake gave up or a transition failed
   };
-
-  VerbsDomain() = default;
 
   // --- control path (verbs_domain.cpp, verbs_peers.cpp, verbs_rc_qps.cpp)
   Status open_queues();
