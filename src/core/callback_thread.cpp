@@ -79,7 +79,7 @@ void CallbackThread::run() {
 }
 
 void CallbackThread::dispatch(CallbackEvent& ev) {
-  try {
+  run_user("user callback", [&] {
     if (auto* t = std::get_if<TransferDoneEvent>(&ev)) {
       t->on_done.invoke(t->status);
     } else if (auto* c = std::get_if<ImmCountEvent>(&ev)) {
@@ -91,12 +91,15 @@ void CallbackThread::dispatch(CallbackEvent& ev) {
     } else if (auto* r = std::get_if<RecvEvent>(&ev)) {
       r->run(r->ctx, r->pool, r->buffer, r->len);
     }
-  } catch (const std::exception& e) {
-    failures_.fetch_add(1);
-    log().error("user callback threw: {} (the engine keeps running)", e.what());
+  });
+}
+
+void CallbackThread::note_failure(const char* what, const char* why) noexcept {
+  failures_.fetch_add(1);
+  try {
+    log().error("{} threw: {} (the engine keeps running)", what, why);
   } catch (...) {
-    failures_.fetch_add(1);
-    log().error("user callback threw a non-std exception (the engine keeps running)");
+    // Logging itself failed (out of memory); the count above still tells.
   }
 }
 

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <variant>
 
 #include "core/progress_help.h"
@@ -75,8 +76,19 @@ class CallbackThread {
   // Drains what is queued, then joins.
   void stop();
   uint64_t callback_failures() const { return failures_.load(); }
-  // A callback run elsewhere (inline on a worker) threw.
-  void count_failure() { failures_.fetch_add(1); }
+  // Runs a user's callable here or on a worker (inline callbacks): what it
+  // throws is counted and logged under `what`, never propagated, so no
+  // exception reaches an engine thread's loop.
+  template <class F>
+  void run_user(const char* what, F&& f) noexcept {
+    try {
+      std::forward<F>(f)();
+    } catch (const std::exception& e) {
+      note_failure(what, e.what());
+    } catch (...) {
+      note_failure(what, "an exception not derived from std::exception");
+    }
+  }
   std::thread::id thread_id() const { return thread_.get_id(); }
   // Statistics: time from push to dispatch; events waiting now (approximate).
   const StatHistogram& queue_delay() const { return delay_; }
@@ -85,6 +97,7 @@ class CallbackThread {
  private:
   void run();
   void dispatch(CallbackEvent& ev);
+  void note_failure(const char* what, const char* why) noexcept;
   struct Queued {
     CallbackEvent ev;
     int64_t pushed_ns = 0;

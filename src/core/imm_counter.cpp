@@ -273,17 +273,7 @@ void ImmTable::on_arrival(uint32_t imm, uint32_t n, int64_t now_ns) {
 void ImmTable::run_inline(ExpectedCount& e, uint64_t fires) {
   // No hop to the callback thread; an exception must still not reach the
   // worker's loop.
-  for (uint64_t k = 0; k < fires; ++k) {
-    try {
-      e.cb();
-    } catch (const std::exception& ex) {
-      callbacks_->count_failure();
-      log().error("inline immediate callback threw: {} (the engine keeps running)", ex.what());
-    } catch (...) {
-      callbacks_->count_failure();
-      log().error("inline immediate callback threw a non-std exception");
-    }
-  }
+  for (uint64_t k = 0; k < fires; ++k) callbacks_->run_user("inline immediate callback", e.cb);
 }
 
 void ImmTable::run_expected(ExpectedCount& e) {

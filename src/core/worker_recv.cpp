@@ -46,15 +46,9 @@ void Worker::on_recv_done(uint64_t ctx, uint64_t len, const Status& st) {
   }
   // Inline (CallbackOn::kWorker): no hop either way, and the buffer goes
   // straight back to the NIC. An exception must not reach the worker's loop.
-  try {
+  shared_->callbacks->run_user("inline receive callback", [&] {
     p.on_recv(std::span<const uint8_t>(p.buffer(buffer), len));
-  } catch (const std::exception& e) {
-    shared_->callbacks->count_failure();
-    log().error("inline receive callback threw: {} (the engine keeps running)", e.what());
-  } catch (...) {
-    shared_->callbacks->count_failure();
-    log().error("inline receive callback threw a non-std exception");
-  }
+  });
   repost_after_posts(pool, buffer);
 }
 

@@ -182,33 +182,34 @@ struct TransferEngine::Impl {
   // the first line of its cell (core::FastImm).
   TransferId submit_fast_imm(core::Worker& w, uint32_t imm, const MrDesc::Nic& dst) {
     const auto now = Clock::now();
-    const Clock::time_point deadline_at = deadline(now);
-    Status st = w.admit(deadline_at);
-    if (!st.is_ok()) throw Error(st);
-    const TransferId id = next_transfer.fetch_add(1, std::memory_order_relaxed);
     const NetAddr* addr = addrs->intern(dst.addr);
-    w.submit_with([&](Command& cmd) {
-      cmd.id = id;
-      cmd.deadline = deadline_at;
-      cmd.submit_ns = core::kStatsEnabled ? core::ns_of(now) : 0;
-      cmd.fast.imm = core::FastImm{core::FastKind::kImm, imm, addr, dst.rkey, dst.base};
+    return submit_one_line(w, now, deadline(now), [&](core::FastCmd& f) {
+      f.imm = core::FastImm{core::FastKind::kImm, imm, addr, dst.rkey, dst.base};
     });
-    return id;
   }
 
   // A send with no OnDone: the whole command in the first line of its cell
   // (core::FastSend). `buffer` holds the message already.
   TransferId submit_fast_send(core::Worker& w, const NetAddr& to, uint32_t buffer, uint64_t len,
                               Clock::time_point now, Clock::time_point deadline_at) {
+    const NetAddr* addr = addrs->intern(to);
+    return submit_one_line(w, now, deadline_at, [&](core::FastCmd& f) {
+      f.send = core::FastSend{core::FastKind::kSend, buffer, addr, len};
+    });
+  }
+
+  // The steps every one-line command shares; `fill` writes its body.
+  template <typename Fill>
+  TransferId submit_one_line(core::Worker& w, Clock::time_point now, Clock::time_point deadline_at,
+                             Fill&& fill) {
     Status st = w.admit(deadline_at);
     if (!st.is_ok()) throw Error(st);
     const TransferId id = next_transfer.fetch_add(1, std::memory_order_relaxed);
-    const NetAddr* addr = addrs->intern(to);
     w.submit_with([&](Command& cmd) {
       cmd.id = id;
       cmd.deadline = deadline_at;
       cmd.submit_ns = core::kStatsEnabled ? core::ns_of(now) : 0;
-      cmd.fast.send = core::FastSend{core::FastKind::kSend, buffer, addr, len};
+      fill(cmd.fast);
     });
     return id;
   }
