@@ -46,9 +46,8 @@ void Worker::on_recv_done(uint64_t ctx, uint64_t len, const Status& st) {
   }
   // Inline (CallbackOn::kWorker): no hop either way, and the buffer goes
   // straight back to the NIC. An exception must not reach the worker's loop.
-  shared_->callbacks->run_user("inline receive callback", [&] {
-    p.on_recv(std::span<const uint8_t>(p.buffer(buffer), len));
-  });
+  shared_->callbacks->run_user("inline receive callback",
+                               [&] { p.on_recv(std::span<const uint8_t>(p.buffer(buffer), len)); });
   repost_after_posts(pool, buffer);
 }
 
