@@ -210,6 +210,7 @@ class MappedRegion {
 };
 
 class StepSubmits;  // ferry/step_submits.h
+class RecvQueue;    // ferry/recv_queue.h
 
 class TransferEngine {
  public:
@@ -249,6 +250,10 @@ class TransferEngine {
   // throws kResourceExhausted.
   void submit_recvs(size_t len, size_t count, RecvCallback on_recv);
   void submit_recvs(size_t len, size_t count, RecvCallback on_recv, CallbackOn on);
+  // Posts `count` receive buffers of `len` bytes whose messages the
+  // application takes from the returned queue (ferry/recv_queue.h) instead of
+  // a callback: no callback thread between the worker and the taker.
+  RecvQueue recv_queue(size_t len, size_t count);
 
   // --- one-sided ----------------------------------------------------------
   TransferId submit_single_write(uint64_t len, std::optional<uint32_t> imm, MrHandle src,

@@ -53,66 +53,19 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout, WaitMode mo
       s->waits->record_shared(uint64_t(end - t0));
     }
   } timed{core::kStatsEnabled && s_->waits ? s_.get() : nullptr, core::ns_of(now)};
-  // Saturate: a timeout of years must not overflow the clock.
-  const auto deadline = timeout >= std::chrono::steady_clock::time_point::max() - now
-                            ? std::chrono::steady_clock::time_point::max()
-                            : now + timeout;
-  auto cancelled = [&] {
+  const core::WaitEnd end = core::wait_arrival(
+      s_->signal, [&] { return consume(*s_, n); }, [&] { return s_->help && s_->help->try_help(); },
+      core::deadline_after(now, timeout), mode == WaitMode::kSpin);
+  timed.arrived = end == core::WaitEnd::kTaken;
+  if (end == core::WaitEnd::kCancelled)
     return Status(Code::kCancelled,
                   "ImmCounter::wait: the engine stopped or the counter was removed (have " +
                       std::to_string(value()) + " of " + std::to_string(n) + ")");
-  };
-  auto expired = [&] {
+  if (end == core::WaitEnd::kExpired)
     return Status(Code::kDeadlineExceeded, "ImmCounter::wait: " + std::to_string(n) +
                                                " arrivals not reached (have " +
                                                std::to_string(value()) + ")");
-  };
-  if (mode == WaitMode::kSpin) {
-    for (uint32_t i = 1;; ++i) {
-      if (try_consume(n)) {
-        timed.arrived = true;
-        return {};
-      }
-      if (s_->cancelled.load(std::memory_order_acquire)) return cancelled();
-      // A clock read costs tens of pause instructions: one per 64 polls.
-      if (i % 64 == 0 && std::chrono::steady_clock::now() >= deadline) {
-        if (consume(*s_, n)) {
-          timed.arrived = true;
-          return {};
-        }
-        return expired();
-      }
-      core::cpu_relax();
-    }
-  }
-  // Arrivals are often microseconds away: spin a little before sleeping.
-  for (int i = 0; i < 2000; ++i) {
-    if (try_consume(n)) {
-      timed.arrived = true;
-      return {};
-    }
-    if (s_->cancelled.load(std::memory_order_acquire)) return cancelled();
-    if (i > 200) std::this_thread::yield();
-  }
-  s_->waiters.fetch_add(1, std::memory_order_seq_cst);
-  std::unique_lock lk(s_->mu);
-  Status st;
-  // No helping from here: an arrival counted on this thread would take mu.
-  for (;;) {
-    if (consume(*s_, n)) break;
-    if (s_->cancelled.load(std::memory_order_acquire)) {
-      st = cancelled();
-      break;
-    }
-    if (s_->cv.wait_until(lk, deadline) == std::cv_status::timeout) {
-      if (!consume(*s_, n)) st = expired();
-      break;
-    }
-  }
-  lk.unlock();
-  s_->waiters.fetch_sub(1, std::memory_order_seq_cst);
-  timed.arrived = st.is_ok();
-  return st;
+  return {};
 }
 
 namespace core {

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/arrival_wait.h"
 #include "core/progress_help.h"
 #include "core/stats.h"
 #include "ferry/engine.h"
@@ -20,23 +21,15 @@ namespace ferry {
 struct ImmCounter::State {
   std::atomic<int64_t> value{0};
   std::atomic<int64_t> last_arrival_ns{0};  // core::now_ns() of the latest add (0: unknown)
-  std::atomic<int32_t> waiters{0};
-  // Set when the engine stops or the counter is removed: every wait returns
-  // kCancelled from then on.
-  std::atomic<bool> cancelled{false};
-  std::mutex mu;
-  std::condition_variable cv;
+  // Cancelled when the engine stops or the counter is removed.
+  core::ArrivalSignal signal;
   // Where wait() records how long it took (the engine's statistics; shared,
   // since a counter may outlive its engine).
   std::shared_ptr<core::StatHistogram> waits;
   // Set while the engine lets a waiting thread poll its NICs (progress_help.h).
   std::shared_ptr<core::ProgressHelp> help;
 
-  void cancel() {
-    cancelled.store(true, std::memory_order_seq_cst);
-    std::lock_guard lk(mu);
-    cv.notify_all();
-  }
+  void cancel() { signal.cancel(); }
 
   // at_ns: the counting worker's clock (its turn), 0 when it has none.
   void add(int64_t n, int64_t at_ns = 0) {
@@ -44,12 +37,7 @@ struct ImmCounter::State {
     // later arrival's), and takes its wait's end from it, not from a clock.
     if constexpr (core::kStatsEnabled) last_arrival_ns.store(at_ns, std::memory_order_relaxed);
     value.fetch_add(n, std::memory_order_seq_cst);
-    // A waiter registers before re-checking value, so either it sees the new
-    // value or we see it registered and wake it.
-    if (waiters.load(std::memory_order_seq_cst) > 0) {
-      std::lock_guard lk(mu);
-      cv.notify_all();
-    }
+    signal.notify();
   }
 };
 

@@ -6,10 +6,9 @@
 // counter may outlive its engine, so the hook is shared and checked per use.
 #pragma once
 
-#include <atomic>
-#include <cstdint>
 #include <functional>
-#include <thread>
+
+#include "core/lifeline.h"
 
 namespace ferry::core {
 
@@ -19,23 +18,17 @@ class ProgressHelp {
 
   // True when the call polled something (an arrival may now be counted).
   bool try_help() {
-    users_.fetch_add(1, std::memory_order_seq_cst);
     bool did = false;
-    if (live_.load(std::memory_order_seq_cst)) did = help_();
-    users_.fetch_sub(1, std::memory_order_release);
+    gate_.run([&] { did = help_(); });
     return did;
   }
 
   // After close() returns no call is inside help_ and none will enter it.
-  void close() {
-    live_.store(false, std::memory_order_seq_cst);
-    while (users_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
-  }
+  void close() { gate_.close(); }
 
  private:
   std::function<bool()> help_;
-  std::atomic<int32_t> users_{0};
-  std::atomic<bool> live_{true};
+  Lifeline gate_;
 };
 
 }  // namespace ferry::core

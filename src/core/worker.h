@@ -34,6 +34,7 @@
 #include "core/turn_hook.h"
 #include "core/wake.h"
 #include "ferry/engine.h"
+#include "ferry/recv_queue.h"
 
 namespace ferry::core {
 
@@ -45,18 +46,25 @@ using Clock = std::chrono::steady_clock;
 // Host buffers used by sends and receives; registered on NIC 0 of group 0.
 struct BufferPool {
   static constexpr std::align_val_t kAlign{64};
-  // Aligned new[] must be paired with the aligned delete[].
-  struct AlignedDelete {
-    void operator()(uint8_t* p) const { ::operator delete[](p, kAlign); }
-  };
-  std::unique_ptr<uint8_t[], AlignedDelete> mem;
+  // Shared: a received message (RecvMessage) may outlive the engine.
+  std::shared_ptr<uint8_t> mem;
   size_t buf_len = 0, count = 0;
   RegRef reg;
   uint8_t* buffer(uint32_t i) const { return mem.get() + size_t(i) * buf_len; }
+  // `count` buffers of `buf_len` bytes, cache-line aligned.
+  void allocate(size_t len, size_t n) {
+    buf_len = len;
+    count = n;
+    // Aligned new[] must be paired with the aligned delete[].
+    mem = std::shared_ptr<uint8_t>(new (kAlign) uint8_t[len * n],
+                                   [](uint8_t* p) { ::operator delete[](p, kAlign); });
+  }
 };
 struct RecvPool : BufferPool {
   RecvCallback on_recv;
   bool on_worker = false;  // CallbackOn::kWorker: on_recv runs where the message arrived
+  // Set for a RecvQueue's pool: messages go to the queue, not to on_recv.
+  std::shared_ptr<RecvQueue::State> queue;
 };
 
 struct EngineShared {

@@ -6,6 +6,7 @@
 #include "core/callback_thread.h"
 #include "core/ctx.h"
 #include "core/log.h"
+#include "core/recv_queue_state.h"
 #include "core/worker.h"
 
 namespace ferry::core {
@@ -40,6 +41,10 @@ void Worker::on_recv_done(uint64_t ctx, uint64_t len, const Status& st) {
   }
   RecvPool& p = *(*shared_->recv_pools)[pool];
   len = std::min<uint64_t>(len, p.buf_len);
+  if (p.queue) {
+    p.queue->push(buffer, len);
+    return;
+  }
   if (!p.on_worker) {
     shared_->callbacks->push(RecvEvent{&Worker::deliver_recv, this, pool, buffer, len}, turn_ns());
     return;

@@ -5,6 +5,7 @@
 
 #include <random>
 
+#include "core/recv_queue_state.h"
 #include "engine/engine_impl.h"
 
 namespace ferry {
@@ -119,9 +120,7 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
 
   // Send buffers: registered once on NIC 0 of the main group.
   auto& sp = im.send_pool;
-  sp.buf_len = config.send_buffer_size;
-  sp.count = config.send_buffer_count;
-  sp.mem.reset(new (core::BufferPool::kAlign) uint8_t[sp.buf_len * sp.count]);
+  sp.allocate(config.send_buffer_size, config.send_buffer_count);
   auto reg = std::make_shared<core::Registration>();
   reg->ptr = sp.mem.get();
   reg->len = sp.buf_len * sp.count;
@@ -190,6 +189,10 @@ void TransferEngine::stop() {
   while (im.api_calls.load(std::memory_order_seq_cst) > 0) std::this_thread::yield();
   im.gpu.stop();                  // watcher callbacks may submit: stop them while the workers run
   if (im.help) im.help->close();  // no waiter polls a worker from here on
+  // Takers on empty receive queues return kCancelled; released messages give
+  // nothing back to the workers from here on.
+  for (auto& p : im.recv_pools)
+    if (p && p->queue) p->queue->close();
   for (auto& w : im.workers) w->stop();
   // Waiters on counters return kCancelled (transfers were cancelled above).
   if (im.imms) im.imms->cancel_all();

@@ -3,6 +3,7 @@
 // anything is queued; the worker does the rest.
 #include <fmt/format.h>
 
+#include "core/recv_queue_state.h"
 #include "engine/engine_impl.h"
 
 namespace ferry {
@@ -43,23 +44,22 @@ void TransferEngine::submit_recvs(size_t len, size_t count, RecvCallback on_recv
   submit_recvs(len, count, std::move(on_recv), CallbackOn::kCallbackThread);
 }
 
-void TransferEngine::submit_recvs(size_t len, size_t count, RecvCallback on_recv, CallbackOn on) {
-  auto& im = *impl_;
-  auto entered = im.enter();
+namespace {
+
+// A pool of `count` receive buffers of `len` bytes, registered on the main
+// group's NIC 0 and posted there; setup(pool, index) says where its messages go.
+template <typename Setup>
+void add_recv_pool(TransferEngine::Impl& im, size_t len, size_t count, const char* what,
+                   Setup&& setup) {
   if (len == 0 || count == 0)
-    throw Error(Code::kInvalidArgument, "submit_recvs: len and count must be positive");
+    throw Error(Code::kInvalidArgument, fmt::format("{}: len and count must be positive", what));
   if (count > (1u << 24) || len > (1ull << 32))
-    throw Error(Code::kInvalidArgument, "submit_recvs: too many or too large buffers");
-  if (!on_recv) throw Error(Code::kInvalidArgument, "submit_recvs: empty callback");
+    throw Error(Code::kInvalidArgument, fmt::format("{}: too many or too large buffers", what));
   std::lock_guard lk(im.recv_mu);
   if (im.num_recv_pools >= kMaxRecvPools)
-    throw Error(Code::kResourceExhausted, "submit_recvs: too many receive pools");
+    throw Error(Code::kResourceExhausted, fmt::format("{}: too many receive pools", what));
   auto pool = std::make_unique<core::RecvPool>();
-  pool->buf_len = len;
-  pool->count = count;
-  pool->mem.reset(new (core::BufferPool::kAlign) uint8_t[len * count]);
-  pool->on_recv = std::move(on_recv);
-  pool->on_worker = on == CallbackOn::kWorker;
+  pool->allocate(len, count);
   auto reg = std::make_shared<core::Registration>();
   reg->ptr = pool->mem.get();
   reg->len = len * count;
@@ -71,13 +71,39 @@ void TransferEngine::submit_recvs(size_t len, size_t count, RecvCallback on_recv
     return e;
   });
   pool->reg = reg;
-  uint32_t index = im.num_recv_pools++;
+  const auto index = uint32_t(im.num_recv_pools);
+  setup(*pool, index);
   im.recv_pools[index] = std::move(pool);
+  ++im.num_recv_pools;
   for (uint32_t i = 0; i < count; ++i) {
     Command c;
     c.req = core::RecvPostReq{index, i};
     w.submit(std::move(c));
   }
+}
+
+}  // namespace
+
+void TransferEngine::submit_recvs(size_t len, size_t count, RecvCallback on_recv, CallbackOn on) {
+  auto& im = *impl_;
+  auto entered = im.enter();
+  if (!on_recv) throw Error(Code::kInvalidArgument, "submit_recvs: empty callback");
+  add_recv_pool(im, len, count, "submit_recvs", [&](core::RecvPool& p, uint32_t) {
+    p.on_recv = std::move(on_recv);
+    p.on_worker = on == CallbackOn::kWorker;
+  });
+}
+
+RecvQueue TransferEngine::recv_queue(size_t len, size_t count) {
+  auto& im = *impl_;
+  auto entered = im.enter();
+  std::shared_ptr<RecvQueue::State> q;
+  add_recv_pool(im, len, count, "recv_queue", [&](core::RecvPool& p, uint32_t index) {
+    q = std::make_shared<RecvQueue::State>(count, len, p.mem, im.workers[0].get(), index);
+    q->help = im.help;
+    p.queue = q;
+  });
+  return RecvQueue(std::move(q));
 }
 
 namespace {
