@@ -31,7 +31,7 @@ def parse(path):
             continue
         left, mid = line.split("|")[:2]
         lt, mt = left.split(), mid.split()
-        if len(lt) < 5 or lt[0] not in ("paged", "single", "imm", "imm-cb", "imm-inl", "sendrecv", "sendrecv-inl"):
+        if len(lt) < 5 or lt[0] not in ("paged", "single", "imm", "imm-cb", "imm-inl", "sendrecv", "sendrecv-inl", "sendrecv-q"):
             continue
         try:
             value = float(mt[0]) if lt[0] in ("paged", "single") else float(mt[4])

@@ -253,6 +253,11 @@ class TransferEngine {
   // Posts `count` receive buffers of `len` bytes whose messages the
   // application takes from the returned queue (ferry/recv_queue.h) instead of
   // a callback: no callback thread between the worker and the taker.
+  //
+  // Messages carry no tag: every pool posted on an engine (each submit_recvs
+  // and each recv_queue) receives from the same NIC, and a message lands in
+  // whichever pool's buffer the NIC picks. Use one receive pool per engine,
+  // or pools whose consumers treat any message alike.
   RecvQueue recv_queue(size_t len, size_t count);
 
   // --- one-sided ----------------------------------------------------------

@@ -20,6 +20,7 @@ from ._errors import (
 from ._ferry import (
     GroupRoute,
     ImmCounter,
+    RecvQueue,
     MrDesc,
     MrHandle,
     NetAddr,
@@ -317,6 +318,15 @@ class TransferEngine(_Observability):
         after): keep a copy with ``bytes(m)`` or ``numpy.array(m)``, never the view.
         """
         self._e.submit_recvs(length, count, callback)
+
+    def recv_queue(self, length: int, count: int) -> RecvQueue:
+        """Post `count` receive buffers of `length` bytes whose messages are taken by polling.
+
+        ``q.get(timeout)`` waits with the GIL released and returns a copy (bytes);
+        ``q.try_get()`` never blocks. No callback runs and no Python thread is borrowed:
+        the engine's worker hands each message straight to the queue.
+        """
+        return self._e.recv_queue(length, count)
 
     # ------------------------------------------------------------------ one-sided
 

@@ -299,6 +299,30 @@ class ImmCounter:
 
     def __repr__(self) -> str: ...
 
+class RecvQueue:
+    """Messages taken by polling (TransferEngine.recv_queue): no callback."""
+
+    def try_get(self) -> bytes | None:
+        """
+        The oldest message not yet taken (a copy; its buffer goes back to the NIC at once), or None; never blocks.
+        """
+
+    def get(self, timeout: float | None = None, *, spin: bool = False) -> bytes:
+        """
+        Wait (GIL released) for the next message and return a copy of it. Raises ferry.Timeout after `timeout` seconds (None waits forever), ferry.Cancelled once the engine stopped and no message is left. spin: as ImmCounter.wait.
+        """
+
+    def __len__(self) -> int:
+        """Messages waiting to be taken (approximate)."""
+
+    @property
+    def buffer_len(self) -> int:
+        """Bytes per receive buffer."""
+
+    @property
+    def buffer_count(self) -> int:
+        """Receive buffers posted."""
+
 class TransferCounter:
     """
     Completion counter for bulk submits: pass counter= to a submit_* call; completions are counted in C++ with no Python callback.
@@ -409,6 +433,8 @@ class Engine:
     def expect_imm_count(self, imm: int, count: int, callback: Callable) -> None: ...
 
     def remove_imm_count(self, imm: int) -> None: ...
+
+    def recv_queue(self, length: int, count: int) -> RecvQueue: ...
 
     def imm_counter(self, imm: int) -> ImmCounter: ...
 

@@ -6,7 +6,10 @@
 2. immediate latency: ping-pong of immediates between two processes; each side
    answers from a Python callback (``expect_imm_count``) or from a thread blocked in
    ``ImmCounter.wait``; one-way latency = round trip / 2.
-3. watcher latency (``--watcher``, needs PyTorch and a GPU): a one-element
+3. message latency: ping-pong of 64-byte messages (``submit_send``) between two
+   processes; each side takes them in a Python receive callback (``submit_recvs``)
+   or from a thread blocked in ``RecvQueue.get`` (``recv_queue``).
+4. watcher latency (``--watcher``, needs PyTorch and a GPU): a one-element
    ``fill_`` kernel writes a UVM watcher word; measured from just before the launch
    to the Python callback, next to the same launch timed to the return of
    ``torch.cuda.synchronize()`` (launch + kernel + sync, no watcher): the
@@ -121,45 +124,23 @@ def _pong(kind: str, mode: str, q_in, q_out, n: int) -> None:
     e.stop()
 
 
-def imm_latency(kind: str, mode: str, n: int) -> dict:
-    """One-way immediate latency with Python on both ends (`mode`: callback or wait)."""
-    import threading
-
-    import numpy as np
-
-    import ferry
-
+def _pingpong(pong, kind: str, mode: str, n: int, setup) -> dict:
+    """Round trips against a `pong` process; setup(engine, q_in, q_out) trades addresses
+    with it and returns one round trip as a function. One-way latency = round trip / 2."""
     ctx = mp.get_context("spawn")
     q_in, q_out = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=_pong, args=(kind, mode, q_in, q_out, n + 100), daemon=True)
+    p = ctx.Process(target=pong, args=(kind, mode, q_in, q_out, n + 100), daemon=True)
     p.start()
     e = _engine(kind)
     try:
-        _, desc = e.register(np.zeros(64, np.uint8))
-        peer = q_out.get(timeout=60)
-        q_in.put(desc)
+        one = setup(e, q_in, q_out)
         assert q_out.get(timeout=60) == "ready"
-        sink = ferry.TransferCounter()
         rtts = []
-        if mode == "callback":
-            ev = threading.Event()
-            e.expect_imm_count(2, 1, ev.set)
-            for i in range(n + 100):
-                ev.clear()
-                t0 = time.perf_counter()
-                e.submit_imm(1, peer, counter=sink)
-                if not ev.wait(30):
-                    raise TimeoutError("no pong")
-                if i >= 100:
-                    rtts.append(time.perf_counter() - t0)
-        else:
-            c = e.imm_counter(2)
-            for i in range(n + 100):
-                t0 = time.perf_counter()
-                e.submit_imm(1, peer, counter=sink)
-                c.wait(1, 30)
-                if i >= 100:
-                    rtts.append(time.perf_counter() - t0)
+        for i in range(n + 100):
+            t0 = time.perf_counter()
+            one()
+            if i >= 100:
+                rtts.append(time.perf_counter() - t0)
         rtts.sort()
         return {
             "mode": mode,
@@ -171,6 +152,111 @@ def imm_latency(kind: str, mode: str, n: int) -> dict:
         q_in.put("bye")
         p.join(30)
         e.stop()
+
+
+def imm_latency(kind: str, mode: str, n: int) -> dict:
+    """One-way immediate latency with Python on both ends (`mode`: callback or wait)."""
+    import threading
+
+    import numpy as np
+
+    import ferry
+
+    def setup(e, q_in, q_out):
+        _, desc = e.register(np.zeros(64, np.uint8))
+        peer = q_out.get(timeout=60)
+        q_in.put(desc)
+        sink = ferry.TransferCounter()
+        if mode == "callback":
+            ev = threading.Event()
+            e.expect_imm_count(2, 1, ev.set)
+
+            def one():
+                ev.clear()
+                e.submit_imm(1, peer, counter=sink)
+                if not ev.wait(30):
+                    raise TimeoutError("no pong")
+
+            return one
+        c = e.imm_counter(2)
+
+        def one():
+            e.submit_imm(1, peer, counter=sink)
+            c.wait(1, 30)
+
+        return one
+
+    return _pingpong(_pong, kind, mode, n, setup)
+
+
+def _msg_pong(kind: str, mode: str, q_in, q_out, n: int) -> None:
+    import threading
+
+    import ferry
+
+    e = _engine(kind)
+    sink = ferry.TransferCounter()
+    if mode == "callback":
+        done = threading.Event()
+        left = [n]
+        peer = [None]
+
+        def on_msg(m: memoryview) -> None:
+            e.submit_send(peer[0], m, counter=sink)
+            left[0] -= 1
+            if left[0] == 0:
+                done.set()
+
+        e.submit_recvs(64, 8, on_msg)
+    else:
+        q = e.recv_queue(64, 8)
+    q_out.put(e.main_address)
+    addr = q_in.get()
+    if mode == "callback":
+        peer[0] = addr
+        q_out.put("ready")
+        done.wait(120)
+    else:
+        q_out.put("ready")
+        for _ in range(n):
+            e.submit_send(addr, q.get(30), counter=sink)
+    q_in.get()
+    e.stop()
+
+
+def msg_latency(kind: str, mode: str, n: int) -> dict:
+    """One-way 64-byte message latency with Python on both ends (`mode`: callback or queue)."""
+    import threading
+
+    import ferry
+
+    def setup(e, q_in, q_out):
+        sink = ferry.TransferCounter()
+        msg = bytes(64)
+        if mode == "callback":
+            ev = threading.Event()
+            e.submit_recvs(64, 8, lambda m: ev.set())
+        else:
+            q = e.recv_queue(64, 8)
+        peer = q_out.get(timeout=60)
+        q_in.put(e.main_address)
+        if mode == "callback":
+
+            def one():
+                ev.clear()
+                e.submit_send(peer, msg, counter=sink)
+                if not ev.wait(30):
+                    raise TimeoutError("no reply")
+
+            return one
+
+        def one():
+            e.submit_send(peer, msg, counter=sink)
+            q.get(30)
+
+        return one
+
+    return _pingpong(_msg_pong, kind, mode, n, setup)
 
 
 class _WordView:
@@ -258,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
         for mode in ("callback", "wait"):
             r = imm_latency(kind, mode, args.round_trips)
             print(f"[{kind}] immediate one-way latency, Python {mode} on both ends: "
+                  f"median {r['one_way_median_us']:.1f} us, p99 {r['one_way_p99_us']:.1f} us")
+        for mode in ("callback", "queue"):
+            r = msg_latency(kind, mode, args.round_trips)
+            print(f"[{kind}] 64-byte message one-way latency, Python {mode} on both ends: "
                   f"median {r['one_way_median_us']:.1f} us, p99 {r['one_way_p99_us']:.1f} us")
         sys.stdout.flush()
     return 0

@@ -364,6 +364,12 @@ void PyEngine::remove_imm_count(nb::handle imm) {
   engine_->remove_imm_count(i);
 }
 
+PyRecvQueue PyEngine::recv_queue(nb::handle len_arg, nb::handle count_arg_) {
+  const uint64_t l = byte_arg(len_arg, "length"), n = count_arg(count_arg_, "count");
+  check_running();
+  return PyRecvQueue(without_gil([&] { return engine_->recv_queue(l, n); }), shared_);
+}
+
 PyImmCounter PyEngine::imm_counter(nb::handle imm) {
   const auto i = u32_arg(imm, "imm");
   check_running();

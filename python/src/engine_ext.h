@@ -106,6 +106,7 @@ class PyEngine {
   void expect_imm_count(nb::handle imm, nb::handle count, nb::handle cb_arg);
   void remove_imm_count(nb::handle imm);
   PyImmCounter imm_counter(nb::handle imm);
+  PyRecvQueue recv_queue(nb::handle len_arg, nb::handle count_arg_);
   void on_imm(nb::handle cb_arg);
 
   // --- GPU signalling (builds without CUDA raise Unimplemented)

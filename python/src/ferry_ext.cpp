@@ -439,6 +439,25 @@ NB_MODULE(_ferry, m) {
                ", value=" + std::to_string(c.value()) + ")";
       });
 
+  nb::class_<PyRecvQueue>(m, "RecvQueue",
+                          "Messages taken by polling (TransferEngine.recv_queue): no callback.")
+      .def("try_get", &PyRecvQueue::try_get, nb::sig("def try_get(self) -> bytes | None"),
+           "The oldest message not yet taken (a copy; its buffer goes back to the NIC at "
+           "once), or None; never blocks.")
+      .def("get", &PyRecvQueue::get, "timeout"_a.none() = nb::none(), nb::kw_only(),
+           "spin"_a = false,
+           nb::sig("def get(self, timeout: float | None = None, *, spin: bool = False) -> bytes"),
+           "Wait (GIL released) for the next message and return a copy of it. Raises "
+           "ferry.Timeout after `timeout` seconds (None waits forever), ferry.Cancelled once "
+           "the engine stopped and no message is left. spin: as ImmCounter.wait.")
+      .def("__len__", &PyRecvQueue::size, "Messages waiting to be taken (approximate).")
+      .def_prop_ro("buffer_len", &PyRecvQueue::buffer_len, "Bytes per receive buffer.")
+      .def_prop_ro("buffer_count", &PyRecvQueue::buffer_count, "Receive buffers posted.")
+      .def("__repr__", [](const PyRecvQueue& q) {
+        return "RecvQueue(buffers=" + std::to_string(q.buffer_count()) + " x " +
+               std::to_string(q.buffer_len()) + " B, waiting=" + std::to_string(q.size()) + ")";
+      });
+
   nb::class_<PyTransferCounter>(m, "TransferCounter",
                                 "Completion counter for bulk submits: pass counter= to a submit_* "
                                 "call; completions are counted in C++ with no Python callback.")
@@ -524,6 +543,7 @@ NB_MODULE(_ferry, m) {
       .def("expect_imm_count", &E::expect_imm_count, "imm"_a.none(), "count"_a.none(),
            "callback"_a.none())
       .def("remove_imm_count", &E::remove_imm_count, "imm"_a.none())
+      .def("recv_queue", &E::recv_queue, "length"_a.none(), "count"_a.none())
       .def("imm_counter", &E::imm_counter, "imm"_a.none())
       .def("on_imm", &E::on_imm, "callback"_a.none())
       .def("alloc_uvm_watcher", &E::alloc_uvm_watcher, "callback"_a.none())

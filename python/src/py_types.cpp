@@ -35,6 +35,40 @@ void PyImmCounter::wait(nb::handle n_arg, nb::handle timeout_arg_, bool spin) {
   }
 }
 
+nb::bytes PyRecvQueue::copy_out(RecvMessage& m) {
+  nb::bytes b(reinterpret_cast<const char*>(m.data().data()), m.size());
+  m.release();
+  return b;
+}
+
+nb::object PyRecvQueue::try_get() {
+  RecvMessage m = without_gil([&] { return q_.try_pop(); });
+  if (!m.valid()) return nb::none();
+  return copy_out(m);
+}
+
+nb::bytes PyRecvQueue::get(nb::handle timeout_arg_, bool spin) {
+  const auto mode = spin ? ImmCounter::WaitMode::kSpin : ImmCounter::WaitMode::kSleep;
+  const auto timeout = timeout_arg(timeout_arg_);
+  const auto deadline = deadline_after(timeout);
+  BlockedWait blocked;
+  RecvMessage m;
+  for (;;) {
+    auto slice = std::min<Clock::duration>(deadline - Clock::now(), kSlice);
+    if (slice < Clock::duration::zero()) slice = Clock::duration::zero();
+    const Status st = without_gil([&] { return q_.pop(m, slice, mode); });
+    if (st.is_ok()) return copy_out(m);
+    if (st.code() != Code::kDeadlineExceeded) throw Error(st);  // kCancelled: Cancelled
+    if (sh_->stopped.load(std::memory_order_acquire) && !(m = q_.try_pop()).valid())
+      throw Error(Code::kCancelled, "RecvQueue.get: the engine stopped and no message is left");
+    if (m.valid()) return copy_out(m);
+    if (Clock::now() >= deadline)
+      throw Error(Code::kDeadlineExceeded,
+                  "RecvQueue.get: no message after " + std::to_string(*timeout) + " s");
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+  }
+}
+
 void PyTransferCounter::wait(nb::handle n_arg, nb::handle timeout_arg_) {
   const uint64_t n = count_arg(n_arg, "n");
   const auto timeout = timeout_arg(timeout_arg_);

@@ -62,6 +62,26 @@ class PyImmCounter {
   std::shared_ptr<Shared> sh_;
 };
 
+// Messages taken by polling (TransferEngine::recv_queue): each is copied into
+// a bytes object and its buffer given back at once, so no Python object ever
+// points into the engine's buffers.
+class PyRecvQueue {
+ public:
+  PyRecvQueue(RecvQueue q, std::shared_ptr<Shared> sh) : q_(std::move(q)), sh_(std::move(sh)) {}
+  nb::object try_get();
+  // Sliced like PyImmCounter::wait: Ctrl-C and a stopped engine are noticed.
+  nb::bytes get(nb::handle timeout_arg_, bool spin);
+  size_t size() const { return q_.size_approx(); }
+  size_t buffer_len() const { return q_.buffer_len(); }
+  size_t buffer_count() const { return q_.buffer_count(); }
+
+ private:
+  static constexpr std::chrono::milliseconds kSlice{100};
+  static nb::bytes copy_out(RecvMessage& m);
+  RecvQueue q_;
+  std::shared_ptr<Shared> sh_;
+};
+
 // Counts completions without any Python on the completion path (bulk use):
 // the worker bumps the atomics itself.
 class PyTransferCounter {

@@ -56,7 +56,10 @@ void serve_ferry(Region& reg, const Options& o, int fd, const Point& p, uint64_t
         kImmPingCb, 1, [&] { e->submit_imm(kImmPong, client, ferry::OnDone::none()); },
         p.kind == Kind::kImmInline ? ferry::CallbackOn::kWorker
                                    : ferry::CallbackOn::kCallbackThread);
-  if (p.sendrecv()) {
+  ferry::RecvQueue queue;
+  if (p.kind == Kind::kSendRecvQueue) {
+    queue = e->recv_queue(p.size, kFerryRecvs);
+  } else if (p.sendrecv()) {
     ferry::NetAddr to = client.nics[0].addr;
     e->submit_recvs(
         p.size, kFerryRecvs,
@@ -68,12 +71,20 @@ void serve_ferry(Region& reg, const Options& o, int fd, const Point& p, uint64_t
   for (auto& d : descs) w.bytes(d.to_bytes());
   send_msg(fd, MsgType::kReply, w);
 
-  if (p.kind == Kind::kImm) {
-    // The "counter" responder: the application thread spins on the counter.
+  if (p.kind == Kind::kImm || p.kind == Kind::kSendRecvQueue) {
+    // The application thread answers: it spins on the counter, or takes each
+    // message from the queue and echoes it.
+    const ferry::NetAddr to = client.nics[0].addr;
     for (uint64_t spins = 0;; ++spins) {
-      if (ping.try_consume(1)) {
+      if (p.kind == Kind::kImm ? ping.try_consume(1) : false) {
         e->submit_imm(kImmPong, client, ferry::OnDone::none());
         continue;
+      }
+      if (p.kind == Kind::kSendRecvQueue) {
+        if (ferry::RecvMessage m = queue.try_pop(); m.valid()) {
+          e->submit_send(to, m.data(), ferry::OnDone::none());
+          continue;
+        }
       }
       if (spins % (o.poll == "busy" ? 8192 : 64) == 0 && readable(fd)) break;
       relax(o);
@@ -112,7 +123,10 @@ Result FerryClient::run(uint64_t index, const Point& p, const DriveConfig& dc, u
   auto pong = e.imm_counter(kImmPong);
   std::atomic<uint64_t> received{0};
   std::atomic<uint64_t> last_echo{~0ull}, last_len{0};
-  if (p.sendrecv())
+  ferry::RecvQueue queue;
+  if (p.kind == Kind::kSendRecvQueue)
+    queue = e.recv_queue(p.size, kFerryRecvs);
+  else if (p.sendrecv())
     e.submit_recvs(
         p.size, kFerryRecvs,
         [&](std::span<const uint8_t> m) {
@@ -141,6 +155,18 @@ Result FerryClient::run(uint64_t index, const Point& p, const DriveConfig& dc, u
       if (p.sendrecv()) {
         std::memcpy(msg.data(), &n, std::min<size_t>(8, msg.size()));
         e.submit_send(server, msg, ferry::OnDone::none());
+        if (queue.valid()) {
+          ferry::RecvMessage m;
+          while (!(m = queue.try_pop()).valid()) {
+            if (secs_since(t) > 10) return false;
+            relax(o_);
+          }
+          uint64_t v = ~0ull;
+          if (m.size() >= 8) std::memcpy(&v, m.data().data(), 8);
+          if (o_.verify && (v != n || m.size() != p.size))
+            bad = fmt::format("echo {} of {} bytes, expected {} of {}", v, m.size(), n, p.size);
+          return true;
+        }
         while (received.load(std::memory_order_acquire) == seen) {
           if (secs_since(t) > 10) return false;
           relax(o_);

@@ -89,6 +89,7 @@ std::vector<Point> make_points(const Options& o) {
   if (want("sendrecv")) {
     v.push_back({Kind::kSendRecv, o.msg_size, 1, false});
     v.push_back({Kind::kSendRecvInline, o.msg_size, 1, false});
+    v.push_back({Kind::kSendRecvQueue, o.msg_size, 1, false});
   }
   return v;
 }
@@ -188,7 +189,8 @@ int client(int fd, Options& o, const std::vector<Point>& points) {
              o.iters ? fmt::format(" ({} requests)", o.iters) : "", o.verify ? ", verifying" : "");
   fmt::print(
       "latency columns: per-request completion time (throughput points), half round trip "
-      "(imm, imm-cb, imm-inl, sendrecv, sendrecv-inl); frac = ferry/{} throughput, or {}/ferry p50 "
+      "(imm, imm-cb, imm-inl, sendrecv, sendrecv-inl, sendrecv-q); frac = ferry/{} throughput, or "
+      "{}/ferry p50 "
       "latency{}\n",
       o.baseline(), o.baseline(),
       copies ? "; cuda = one cudaMemcpyAsync per write into the peer's IPC-mapped region" : "");
@@ -361,7 +363,8 @@ int main(int argc, char** argv) {
                  "comma-separated: single,paged,scatter,barrier,imm,sendrecv (imm runs the "
                  "counter responder, the callback responder on the callback thread (imm-cb) and "
                  "on the worker (imm-inl); sendrecv runs the receive callbacks on the callback "
-                 "thread (sendrecv) and on the worker (sendrecv-inl))")
+                 "thread (sendrecv) and on the worker (sendrecv-inl), and takes the messages from "
+                 "a receive queue on the application thread (sendrecv-q))")
       ->capture_default_str();
   app.add_option("--repeat", o.repeat,
                  "run raw and ferry alternately this many times per point and report the median "

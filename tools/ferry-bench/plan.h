@@ -14,7 +14,9 @@
 namespace ferry_bench {
 
 // kImmInline: imm-cb with the callback run on the worker (CallbackOn::kWorker);
-// kSendRecvInline: sendrecv with both sides' receive callbacks run there.
+// kSendRecvInline: sendrecv with both sides' receive callbacks run there;
+// kSendRecvQueue: sendrecv with both sides' application threads taking the
+// messages from a RecvQueue (no callback).
 enum class Kind : uint32_t {
   kSingle,
   kPaged,
@@ -24,7 +26,8 @@ enum class Kind : uint32_t {
   kImmCb,
   kSendRecv,
   kImmInline,
-  kSendRecvInline
+  kSendRecvInline,
+  kSendRecvQueue
 };
 
 inline const char* kind_name(Kind k) {
@@ -47,6 +50,8 @@ inline const char* kind_name(Kind k) {
       return "imm-inl";
     case Kind::kSendRecvInline:
       return "sendrecv-inl";
+    case Kind::kSendRecvQueue:
+      return "sendrecv-q";
   }
   return "?";
 }
@@ -68,7 +73,9 @@ struct Point {
   bool latency() const {
     return kind == Kind::kImm || kind == Kind::kImmCb || kind == Kind::kImmInline || sendrecv();
   }
-  bool sendrecv() const { return kind == Kind::kSendRecv || kind == Kind::kSendRecvInline; }
+  bool sendrecv() const {
+    return kind == Kind::kSendRecv || kind == Kind::kSendRecvInline || kind == Kind::kSendRecvQueue;
+  }
   std::string size_label() const {
     if (size >= (1 << 20) && size % (1 << 20) == 0) return fmt::format("{}M", size >> 20);
     if (size >= 1024 && size % 1024 == 0) return fmt::format("{}K", size >> 10);
