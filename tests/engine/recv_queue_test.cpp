@@ -147,13 +147,15 @@ TEST_P(RecvQueues, StopWakesTakersAndLeavesWhatArrived) {
   TransferEngine a(c);
   auto b = std::make_unique<TransferEngine>(c);
   RecvQueue q = b->recv_queue(16, 4);
-  RecvQueue idle = b->recv_queue(16, 1);  // nothing is ever sent to it
   for (uint32_t i = 0; i < 3; ++i) a.submit_send(b->main_address(), message(i, 16), OnDone::none());
   const auto until = Clock::now() + 20s;
   while (q.size_approx() < 3) {
     ASSERT_LT(Clock::now(), until);
     std::this_thread::yield();
   }
+  // Made only now: the pools of an engine share its incoming messages, and
+  // nothing is sent after this.
+  RecvQueue idle = b->recv_queue(16, 1);
   Status waited;
   std::thread taker([&] {
     RecvMessage m;
