@@ -9,8 +9,9 @@ namespace ferry {
 
 void RecvQueue::State::push(uint32_t buffer, uint64_t len) {
   if (!q.try_enqueue(producer, Item{buffer, len})) {
-    // Cannot happen while at most `count` buffers are out (see the
-    // constructor); were it to, the message is lost but the buffer is not.
+    // Cannot happen while at most `count` buffers are out and takers take
+    // in turn (see the constructor); were it to, the message is lost but
+    // the buffer is not.
     core::log().error("receive queue of {} buffers is full; message of {} bytes dropped", count,
                       len);
     give_back(buffer);
@@ -34,7 +35,10 @@ void RecvQueue::State::give_back(uint32_t buffer) {
 
 bool RecvQueue::take(RecvMessage& out) {
   State::Item it;
-  if (!s_->q.try_dequeue(it)) return false;
+  {
+    std::lock_guard lock(s_->take_mu);
+    if (!s_->q.try_dequeue(it)) return false;
+  }
   out.release();
   out.q_ = s_;
   out.data_ = s_->mem.get() + size_t(it.buffer) * s_->buf_len;

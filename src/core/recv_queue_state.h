@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 #include "core/arrival_wait.h"
 #include "core/lifeline.h"
@@ -28,7 +29,12 @@ struct RecvQueue::State {
 
   // Room for every buffer at once, taken up front: at most `count` messages
   // are ever queued (a buffer is re-posted only after it was taken and let
-  // go), so the worker's push never allocates and never fails.
+  // go), so the worker's push never allocates and never fails. That holds
+  // for one taker at a time only: the queue reuses a block once every slot
+  // of it was emptied, and a taker stalled between claiming a slot and
+  // emptying it lets other takers move on, buffers come back, and the
+  // producer laps onto the unemptied block. Takers therefore take in turn
+  // (`take_mu`): a stalled taker then also holds back the buffers behind it.
   State(size_t count, size_t buf_len, std::shared_ptr<uint8_t> mem, core::Worker* worker,
         uint32_t pool)
       : q(count, 1, 0),
@@ -52,6 +58,7 @@ struct RecvQueue::State {
 
   moodycamel::ConcurrentQueue<Item> q;
   moodycamel::ProducerToken producer;  // the receiving worker's
+  std::mutex take_mu;                  // one taker at a time (see above)
   std::shared_ptr<uint8_t> mem;        // the buffers: a message may outlive the engine
   size_t buf_len, count;
   core::ArrivalSignal signal;
