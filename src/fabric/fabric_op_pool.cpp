@@ -23,8 +23,8 @@ const char* op_kind_name(OpKind kind) noexcept {
 
 OpPool::OpPool(size_t capacity)
     : capacity_(capacity),
-      entries_(new OpEntry[capacity]()),
-      free_(new uint32_t[capacity]),
+      entries_(std::make_unique<OpEntry[]>(capacity)),
+      free_(std::make_unique_for_overwrite<uint32_t[]>(capacity)),
       free_count_(capacity) {
   // Lowest index on top: recently used entries stay warm in cache.
   for (size_t i = 0; i < capacity; ++i) free_[i] = static_cast<uint32_t>(capacity - 1 - i);

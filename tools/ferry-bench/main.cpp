@@ -36,6 +36,7 @@
 #include "driver.h"
 #include "ferry/ferry.h"
 #include "ferry_side.h"
+#include "forked_pair.h"
 #include "gpu.h"
 #include "options.h"
 #include "plan.h"
@@ -443,31 +444,6 @@ int main(int argc, char** argv) {
   if (!std::getenv("FERRY_LOG")) setenv("FERRY_LOG", "warn", 1);
   spdlog::set_level(spdlog::level::warn);
 
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return 1;
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(sv[0]);
-    int rc = 1;
-    try {
-      rc = server(sv[1], o, points);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "server: %s\n", e.what());
-    }
-    std::fflush(nullptr);
-    ::_exit(rc);
-  }
-  ::close(sv[1]);
-  int rc = 1;
-  try {
-    rc = client(sv[0], o, points);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "client: %s\n", e.what());
-    ::kill(pid, SIGTERM);
-  }
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) rc = rc ? rc : 3;
-  return rc;
+  return ferry::tools::run_forked_pair([&](int fd) { return server(fd, o, points); },
+                                       [&](int fd) { return client(fd, o, points); }, 3);
 }

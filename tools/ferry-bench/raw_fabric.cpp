@@ -87,8 +87,8 @@ RawFabric::RawFabric(const std::string& provider, const std::vector<std::string>
                    (e.info->rx_attr ? e.info->rx_attr->size : 0);
     size_t n = std::clamp(depth, kMinCtx, kMaxCtx);
     e.num_ctx = n;
-    e.ctxs.reset(new fi_context2[n]());
-    e.user_ctx.reset(new uint64_t[n]());
+    e.ctxs = std::make_unique<fi_context2[]>(n);
+    e.user_ctx = std::make_unique<uint64_t[]>(n);
     for (size_t i = n; i-- > 0;) e.free.push_back(uint32_t(i));
   }
 }

@@ -45,6 +45,7 @@
 
 #include "ferry/device.cuh"
 #include "ferry/engine.h"
+#include "forked_pair.h"
 
 namespace {
 
@@ -352,11 +353,15 @@ int main(int argc, char** argv) {
       ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   if (sh == MAP_FAILED) return 2;
   new (sh) Shared();
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return 2;
+  ferry::tools::SocketPair sp;
+  if (!sp.make()) return 2;
   const pid_t child = ::fork();
+  if (child < 0) return 2;
   const bool is_a = child != 0;
-  const int fd = is_a ? sv[0] : sv[1];
+  // Each process keeps its own end: a side that leaves sees the other's
+  // reads end instead of blocking on an end it still holds itself.
+  (is_a ? sp.b : sp.a).reset();
+  const int fd = (is_a ? sp.a : sp.b).get();
   if (!is_a && o.gpu_b >= 0) o.gpu = o.gpu_b;
   // CUDA starts after the fork, in each process.
   int devices = 0;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ferry/ferry.h"
+#include "forked_pair.h"
 
 namespace {
 
@@ -131,30 +132,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--total-mib must hold at least one write\n");
     return 1;
   }
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return 1;
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(sv[0]);
-    int rc = 1;
-    try {
-      rc = server(sv[1], o, total);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "server: %s\n", e.what());
-    }
-    std::fflush(nullptr);
-    ::_exit(rc);
-  }
-  ::close(sv[1]);
-  int rc = 1;
-  try {
-    rc = client(sv[0], o, total);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "client: %s\n", e.what());
-  }
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) rc = rc ? rc : 6;
-  return rc;
+  return ferry::tools::run_forked_pair([&](int fd) { return server(fd, o, total); },
+                                       [&](int fd) { return client(fd, o, total); }, 6);
 }
