@@ -35,10 +35,7 @@ void RecvQueue::State::give_back(uint32_t buffer) {
 
 bool RecvQueue::take(RecvMessage& out) {
   State::Item it;
-  {
-    std::lock_guard lock(s_->take_mu);
-    if (!s_->q.try_dequeue(it)) return false;
-  }
+  if (!s_->try_take(it)) return false;
   out.release();
   out.q_ = s_;
   out.data_ = s_->mem.get() + size_t(it.buffer) * s_->buf_len;

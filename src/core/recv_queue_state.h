@@ -47,6 +47,11 @@ struct RecvQueue::State {
 
   // Worker side: a message of `len` bytes is in `buffer`.
   void push(uint32_t buffer, uint64_t len);
+  // Any thread: the oldest message, if any; takers take in turn (see above).
+  bool try_take(Item& out) {
+    std::lock_guard lock(take_mu);
+    return q.try_dequeue(out);
+  }
   // Any thread: the buffer goes back to the NIC, unless the engine stopped.
   void give_back(uint32_t buffer);
   // Engine stop: takers waiting on an empty queue return kCancelled, and no

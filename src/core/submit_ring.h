@@ -75,6 +75,13 @@ class SubmitRing {
     consumed_.store(head_, std::memory_order_relaxed);
   }
 
+  // Consumer only: the next position to consume. Every position below
+  // claimed() was taken by a producer, which publishes it once filled (fill
+  // cannot block or throw); front() returns null at one still being filled,
+  // and the positions after it wait behind it.
+  uint64_t head() const { return head_; }
+  uint64_t claimed() const { return tail_.load(std::memory_order_acquire); }
+
   // Any thread; approximate while others push or pop.
   size_t size_approx() const {
     const uint64_t done = consumed_.load(std::memory_order_relaxed);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "core/callback_thread.h"
@@ -356,7 +357,18 @@ void Worker::run(std::promise<Status>* init) {
     else
       fail_command(cmd, Status(Code::kCancelled, "engine stopped"));
   };
-  while (Command* cmd = ring_.front()) {
+  // Every position claimed so far is cancelled, including those behind a
+  // cell still being filled: a thread outside the API (the callback thread
+  // giving a receive buffer back) may have claimed one and been preempted
+  // before publishing it, with submitters' commands published after it.
+  // Stopping at that cell lost their OnDones. Filling cannot block, so the
+  // wait ends; what is claimed after this is a buffer's re-post, for nobody.
+  for (const uint64_t claimed = ring_.claimed(); ring_.head() < claimed;) {
+    Command* cmd = ring_.front();
+    if (cmd == nullptr) {
+      std::this_thread::yield();
+      continue;
+    }
     cancel(*cmd);
     *cmd = Command{};
     ring_.pop();

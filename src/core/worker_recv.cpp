@@ -82,6 +82,7 @@ void Worker::deliver_recv(void* self, uint32_t pool, uint32_t buffer, uint64_t l
     Worker* w;
     uint32_t pool, buffer;
     ~Repost() {
+      if (w->stop_.load(std::memory_order_acquire)) return;  // nobody will receive into it
       w->submit_with([&](Command& c) {
         c.fast.recv_post = FastRecvPost{FastKind::kRecvPost, pool, buffer};
       });

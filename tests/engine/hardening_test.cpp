@@ -109,6 +109,16 @@ TEST(StopRace, EveryOnDoneRunsExactlyOnceAndLateCallsThrowFailedPrecondition) {
                            req / kPerThread, req % kPerThread,
                            kKinds[(req / kPerThread + req % kPerThread) % 6],
                            int(was_accepted[req].load()), int(runs[req].load()));
+    if (!odd.empty()) {
+      // Where the lost ones were: still counted in flight or queued, ended
+      // on the worker, or waiting for the callback thread.
+      const EngineStats st = e->stats();
+      for (const auto& w : st.workers)
+        odd += fmt::format(" [worker: in flight {}, queued {}, ok {}, failed {}]", w.in_flight,
+                           w.queued, w.transfers_ok, st.transfers_failed());
+      odd +=
+          fmt::format(" [callback queue {}, refused {}]", st.callback_queue_depth, refused.load());
+    }
     ASSERT_EQ(wrong_code.load(), 0u) << "cycle " << cycle;
     ASSERT_EQ(done_other.load(), 0u) << "cycle " << cycle;
     ASSERT_EQ(done_ok + done_cancelled, accepted.load()) << "cycle " << cycle << odd;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -42,8 +43,11 @@ TEST(RecvQueueState, EveryBufferFitsLapAfterLapForAnyCount) {
   }
 }
 
-// One producer, three takers: every item is taken exactly once, and the
-// producer never finds the queue full while it pushes only what was taken.
+// One producer, three takers taking in turn (State::try_take): every item is
+// taken exactly once, and the producer never finds the queue full while it
+// pushes only what was taken. (Takers dequeuing at once, without the turn,
+// break the second promise: a taker stalled inside its dequeue keeps a block
+// from being reused while the others let the producer lap onto it.)
 TEST(RecvQueueState, ConcurrentTakersTakeEachItemOnce) {
   constexpr size_t kCount = 64;
 #if defined(__SANITIZE_THREAD__)
@@ -57,12 +61,15 @@ TEST(RecvQueueState, ConcurrentTakersTakeEachItemOnce) {
   s.engine.close();
   std::vector<std::atomic<uint32_t>> seen(kItems);
   std::atomic<uint32_t> taken{0}, credits{kCount};
+  // A lost item leaves the takers short: they give up at the deadline and
+  // the counts below fail.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   std::vector<std::thread> takers;
   for (int t = 0; t < 3; ++t)
     takers.emplace_back([&] {
       RecvQueue::State::Item it;
-      while (taken.load() < kItems) {
-        if (!s.q.try_dequeue(it)) {
+      while (taken.load() < kItems && std::chrono::steady_clock::now() < until) {
+        if (!s.try_take(it)) {
           std::this_thread::yield();
           continue;
         }
@@ -73,7 +80,9 @@ TEST(RecvQueueState, ConcurrentTakersTakeEachItemOnce) {
     });
   bool always_room = true;
   for (uint32_t i = 0; i < kItems; ++i) {
-    while (credits.load() == 0) std::this_thread::yield();
+    while (credits.load() == 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+    if (credits.load() == 0) break;  // past the deadline: the takers stop too
     credits.fetch_sub(1);
     always_room &= s.q.try_enqueue(s.producer, RecvQueue::State::Item{i % kCount, i});
     s.signal.notify();

@@ -77,5 +77,41 @@ TEST(SubmitRing, ManyProducersOneConsumerDeliverEachValueOnceInOrder) {
   EXPECT_EQ(ring.front(), nullptr);
 }
 
+// A producer that claimed a cell and has not filled it yet holds back every
+// value published after it: front() is null there. Draining up to claimed(),
+// waiting at such a cell, reaches them all (the worker's shutdown does this;
+// stopping at the first null left the later values, and their OnDones, behind).
+TEST(SubmitRing, ValuesBehindACellBeingFilledAreReachedByDrainingToClaimed) {
+  SubmitRing<int> ring(8);
+  std::atomic<bool> claimed{false}, release{false};
+  std::thread slow([&] {
+    EXPECT_TRUE(ring.try_emplace([&](int& v) {
+      claimed = true;
+      while (!release.load()) std::this_thread::yield();
+      v = 1;
+    }));
+  });
+  while (!claimed.load()) std::this_thread::yield();
+  ASSERT_TRUE(ring.try_push(2));
+  ASSERT_TRUE(ring.try_push(3));
+  EXPECT_EQ(ring.front(), nullptr);  // held back by the cell being filled
+  EXPECT_EQ(ring.claimed(), 3u);
+  std::vector<int> got;
+  bool released = false;
+  for (const uint64_t end = ring.claimed(); ring.head() < end;) {
+    int* v = ring.front();
+    if (v == nullptr) {
+      if (!released) release = released = true;
+      std::this_thread::yield();
+      continue;
+    }
+    got.push_back(*v);
+    ring.pop();
+  }
+  slow.join();
+  EXPECT_EQ(got, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(ring.size_approx(), 0u);
+}
+
 }  // namespace
 }  // namespace ferry::core
