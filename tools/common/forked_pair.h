@@ -1,6 +1,6 @@
 // The tools that time two engines run them in two processes joined by an
 // AF_UNIX stream socketpair (addresses, go/stop, results). Each end is owned
-// (OwnedFd) so that no path out of a tool, an exception included, leaves one
+// (core::UniqueFd) so that no path out of a tool, an exception included, leaves one
 // open; an end left open in the parent would keep the child from ever seeing
 // end-of-file on its side.
 #pragma once
@@ -12,44 +12,19 @@
 
 #include <cstdio>
 #include <exception>
-#include <utility>
+
+#include "core/unique_fd.h"
 
 namespace ferry::tools {
 
-class OwnedFd {
- public:
-  OwnedFd() = default;
-  explicit OwnedFd(int fd) noexcept : fd_(fd) {}
-  OwnedFd(OwnedFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  OwnedFd& operator=(OwnedFd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  OwnedFd(const OwnedFd&) = delete;
-  OwnedFd& operator=(const OwnedFd&) = delete;
-  ~OwnedFd() { reset(); }
-
-  int get() const noexcept { return fd_; }
-  bool valid() const noexcept { return fd_ >= 0; }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
-  }
-
- private:
-  int fd_ = -1;
-};
-
 struct SocketPair {
-  OwnedFd a, b;
+  core::UniqueFd a, b;
   // False when the pair could not be made (errno says why).
   bool make() {
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return false;
-    a = OwnedFd(sv[0]);
-    b = OwnedFd(sv[1]);
+    a = core::UniqueFd(sv[0]);
+    b = core::UniqueFd(sv[1]);
     return true;
   }
 };
