@@ -1,6 +1,9 @@
 #include "core/callback_thread.h"
 
+#include <fmt/format.h>
 #include <sched.h>
+
+#include <string>
 
 #include "core/cpu_relax.h"
 #include "core/imm_table.h"
@@ -38,22 +41,36 @@ void CallbackThread::stop() {
   // (StopRace lost an OnDone that stayed queued past the thread's exit, once
   // in about 100 000 stops: docs/RELIABILITY.md).
   Queued left;
-  size_t real = 0;
+  size_t real = 0, by_kind[std::variant_size_v<CallbackEvent>] = {}, by_origin[16] = {};
   while (q_.try_dequeue(left)) {
     if (auto* t = std::get_if<TaskEvent>(&left.ev); t && !t->fn) continue;  // a wake-up
     ++real;
+    ++by_kind[left.ev.index()];
+    ++by_origin[left.origin & 15];
     dispatch(left.ev);
   }
-  if (real != 0)
-    log().warn("callback thread: {} events were still queued after it stopped; run at stop()",
-               real);
+  if (real == 0) return;
+  std::string origins;
+  for (int o = 0; o < 16; ++o)
+    if (by_origin[o] != 0)
+      origins += fmt::format(" [{}{}{}{}: {}]", o & kFromWorkerThread ? "worker thread" : "",
+                             o & kFromHelper ? "helping a worker" : "",
+                             o & kFromThisThread ? ", the callback thread" : "",
+                             o & kAfterStop ? ", after stop began" : "", by_origin[o]);
+  log().warn(
+      "callback thread: {} events were still queued after it stopped; run at stop() (transfer "
+      "done {}, counted immediate {}, plain immediate {}, task {}, receive {}; pushed by{})",
+      real, by_kind[0], by_kind[1], by_kind[2], by_kind[3], by_kind[4], origins);
 }
 
 void CallbackThread::run() {
   pin_current_thread(cpu_, "callback thread");
+  t_callback_thread_of = this;
   Queued batch[32];
-  // A spinning thread starts spinning: the first events need no wake-up.
-  int64_t last_event_ns = now_ns();
+  // A spinning thread starts blocked, as if its last event were a spin window
+  // ago: an engine whose application takes no callbacks never gives it a
+  // core, and the first event (one wake-up) starts the spinning.
+  int64_t last_event_ns = now_ns() - kSpinWindowNs;
   uint32_t empty_polls = 0;
   for (;;) {
     size_t n = q_.try_dequeue_bulk(batch, 32);

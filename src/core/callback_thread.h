@@ -51,6 +51,10 @@ struct RecvEvent {
 using CallbackEvent =
     std::variant<TransferDoneEvent, ImmCountEvent, PlainImmEvent, TaskEvent, RecvEvent>;
 
+class CallbackThread;
+// The callback thread this thread is, if it is one.
+inline thread_local const CallbackThread* t_callback_thread_of = nullptr;
+
 class CallbackThread {
  public:
   // spin: poll the queue without sleeping while events keep coming (PollMode::
@@ -58,13 +62,20 @@ class CallbackThread {
   // a second without one; otherwise block when idle.
   CallbackThread(ImmTable* imms, int cpu, bool spin = false);
   ~CallbackThread();
+  // Who pushed an event (Queued::origin), reported for events stop() finds
+  // still queued after the thread left.
+  static constexpr uint8_t kFromWorkerThread = 1, kFromHelper = 2, kAfterStop = 4,
+                           kFromThisThread = 8;
   // now_ns: the pushing thread's clock if it has read it already (a worker's
-  // turn_ns()), for the queue-delay statistic; 0 reads it here.
-  void push(CallbackEvent ev, int64_t now = 0) {
+  // turn_ns()), for the queue-delay statistic; 0 reads it here. origin: the
+  // pusher's kFrom* bits, if it knows them.
+  void push(CallbackEvent ev, int64_t now = 0, uint8_t origin = 0) {
+    if (stop_.load(std::memory_order_relaxed)) origin |= kAfterStop;
+    if (t_callback_thread_of == this) origin |= kFromThisThread;
     if constexpr (kStatsEnabled)
-      q_.enqueue(Queued{std::move(ev), now != 0 ? now : now_ns()});
+      q_.enqueue(Queued{std::move(ev), now != 0 ? now : now_ns(), origin});
     else
-      q_.enqueue(Queued{std::move(ev), 0});
+      q_.enqueue(Queued{std::move(ev), 0, origin});
   }
   // For `window` after each event the thread polls for idle workers instead of
   // sleeping (progress_help.h), so an immediate that fires a callback needs no
@@ -101,6 +112,7 @@ class CallbackThread {
   struct Queued {
     CallbackEvent ev;
     int64_t pushed_ns = 0;
+    uint8_t origin = 0;
   };
 
   ImmTable* imms_;

@@ -40,6 +40,8 @@ constexpr int64_t kReplyWindowNs = 2'000;
 constexpr uint32_t kMaxWindowBackoff = 10;
 
 thread_local bool t_worker_thread = false;
+// This thread is a worker's own (not one doing its work for a while).
+thread_local bool t_worker_main = false;
 // The worker whose work this thread does: its own thread's, or the one whose loop
 // lock this thread holds while it does that worker's work (AsWorker).
 thread_local const void* t_doing_work_of = nullptr;
@@ -300,6 +302,7 @@ void Worker::run(std::promise<Status>* init) {
   if (!st.is_ok()) return;
 
   t_worker_thread = true;
+  t_worker_main = true;
   t_doing_work_of = this;
   auto yield_cpu = [&] {
     loop.unlock();
@@ -607,7 +610,9 @@ void Worker::signal(OnDone on_done, Status st) {
   // delays held for the turn's end are in them by then.
   end_turn();
   if (on_done.needs_callback_thread())
-    shared_->callbacks->push(TransferDoneEvent{std::move(on_done), std::move(st)}, turn_ns());
+    shared_->callbacks->push(
+        TransferDoneEvent{std::move(on_done), std::move(st)}, turn_ns(),
+        t_worker_main ? CallbackThread::kFromWorkerThread : CallbackThread::kFromHelper);
   else
     on_done.signal_inline(st);
 }

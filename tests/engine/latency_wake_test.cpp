@@ -224,16 +224,20 @@ TEST_P(Wake, BusyCallbackThreadSpinsWhileCallbacksCome) {
 }
 
 // A busy engine whose application takes no callbacks does not keep a core
-// spinning for them: its callback thread goes to sleep, and still runs the
-// first callback that comes later.
+// spinning for them: its callback thread starts asleep (not after a spin
+// window of a second), and still runs the first callback that comes later.
 TEST_P(Wake, BusyCallbackThreadSleepsWithoutCallbacks) {
   const EngineConfig c = busy_config(GetParam());
+  const uint64_t blocks = wake_counters().callback_blocks.load();
+  const auto t0 = std::chrono::steady_clock::now();
   TransferEngine a(c), b(c);
   auto on_b = test::region(b, 4096);
-  const uint64_t blocks = wake_counters().callback_blocks.load();
   ASSERT_TRUE(
       test::wait_until([&] { return wake_counters().callback_blocks.load() >= blocks + 2; }, 10s))
       << "both callback threads keep spinning with no callback to run";
+  // The spin window is a second: sleeping sooner means it was never opened.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 900ms)
+      << "a callback thread spun before its first callback";
   std::atomic<int> ran{0};
   b.expect_imm_count(23, 1, [&] { ran.fetch_add(1); });
   a.submit_imm(23, on_b.d, OnDone::none());
