@@ -34,12 +34,16 @@ void CallbackThread::stop() {
   if (!thread_.joinable()) return;
   stop_.store(true, std::memory_order_release);
   push(TaskEvent{});  // wake the thread
+  // The queue counts an item only once its push has returned (item first,
+  // then the semaphore), and a taker paid by one item's count may take
+  // another's: the wake-up above, not yet counted, in place of an event
+  // counted long before. Until this push has returned the count can thus read
+  // 0 with an event queued; the thread may leave only after it.
+  wake_pushed_.store(true, std::memory_order_release);
   thread_.join();
   // Whoever pushes has stopped by now (the engine stops its workers first),
-  // so what is queued is all there will be. The thread leaves once it saw the
-  // queue empty; an event it did not see still runs, here, rather than never
-  // (StopRace lost an OnDone that stayed queued past the thread's exit, once
-  // in about 100 000 stops: docs/RELIABILITY.md).
+  // so what is queued is all there will be; nothing should be left. Should
+  // anything be, it runs here rather than never (docs/RELIABILITY.md).
   Queued left;
   size_t real = 0, by_kind[std::variant_size_v<CallbackEvent>] = {}, by_origin[16] = {};
   while (q_.try_dequeue(left)) {
@@ -80,7 +84,7 @@ void CallbackThread::run() {
       // application takes no callbacks should not give this thread a core:
       // spin only while events came within the last kSpinWindowNs, reading
       // the clock once per kSpinPollsPerClock empty polls.
-      if (stop_.load(std::memory_order_acquire)) return;
+      if (wake_pushed_.load(std::memory_order_acquire) && q_.size_approx() == 0) return;
       if (++empty_polls % kSpinPollsPerClock != 0 || now_ns() - last_event_ns < kSpinWindowNs) {
         cpu_relax();
         continue;
@@ -105,8 +109,9 @@ void CallbackThread::run() {
     }
     for (size_t i = 0; i < n; ++i) dispatch(batch[i].ev);
     // Once stopping, leave as soon as the queue is drained (stop() pushed an
-    // empty event to wake us), not after another idle timeout.
-    if (stop_.load(std::memory_order_acquire) && q_.size_approx() == 0) return;
+    // empty event to wake us), not after another idle timeout; its count is
+    // exact only once that push has returned (stop()).
+    if (wake_pushed_.load(std::memory_order_acquire) && q_.size_approx() == 0) return;
   }
 }
 

@@ -121,6 +121,7 @@ class CallbackThread {
   moodycamel::BlockingConcurrentQueue<Queued> q_;
   StatHistogram delay_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> wake_pushed_{false};  // stop()'s wake-up is queued and counted
   std::atomic<ProgressHelp*> help_{nullptr};
   std::atomic<int64_t> help_window_ns_{0};
   std::atomic<uint64_t> failures_{0};
