@@ -367,14 +367,15 @@ void Worker::run(std::promise<Status>* init) {
   // Stopping at that cell lost their OnDones. Filling cannot block, so the
   // wait ends; what is claimed after this is a buffer's re-post, for nobody.
   for (const uint64_t claimed = ring_.claimed(); ring_.head() < claimed;) {
-    Command* cmd = ring_.front();
+    uint64_t pos = 0;
+    Command* cmd = ring_.next(&pos);
     if (cmd == nullptr) {
       std::this_thread::yield();
       continue;
     }
     cancel(*cmd);
     *cmd = Command{};
-    ring_.pop();
+    ring_.pop(pos);
   }
   Command cmd;
   while (overflow_.try_dequeue(cmd)) cancel(cmd);
@@ -511,7 +512,7 @@ void Worker::await_reply() {
   wc.reply_windows.fetch_add(1, std::memory_order_relaxed);
   const int64_t t0 = now_ns();
   for (uint32_t i = 1;; ++i) {
-    if (ring_.front() != nullptr) {
+    if (uint64_t pos = 0; ring_.next(&pos) != nullptr) {
       wc.reply_hits.fetch_add(1, std::memory_order_relaxed);
       window_misses_ = 0;
       return;
@@ -547,11 +548,12 @@ bool Worker::drain_commands() {
   // before the cell is given back.
   size_t n = 0;
   for (; n < kCommandsPerStep; ++n) {
-    Command* cmd = ring_.front();
+    uint64_t pos = 0;
+    Command* cmd = ring_.next(&pos);
     if (cmd == nullptr) break;
     handle(*cmd);
     if (!cmd->is_fast() && std::holds_alternative<ControlReq>(cmd->req)) cmd->req = RecvPostReq{};
-    ring_.pop();
+    ring_.pop(pos);
   }
   const size_t m = overflow_.try_dequeue_bulk(drained_.begin(), drained_.size());
   for (size_t i = 0; i < m; ++i) {

@@ -1,6 +1,7 @@
 // The worker's submission ring (core/submit_ring.h): every pushed value comes
-// out exactly once, a full ring refuses without taking the value, and cells are
-// reused lap after lap.
+// out exactly once, a full ring refuses without taking the value, cells are
+// reused lap after lap, and a producer stalled inside its cell holds back
+// nobody else's values.
 #include "core/submit_ring.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -23,24 +25,27 @@ TEST(SubmitRing, FullRingRefusesAndLeavesTheValue) {
   EXPECT_EQ(ring.size_approx(), 4u);
   for (int lap = 0; lap < 3; ++lap) {
     for (int i = 0; i < 4; ++i) {
-      auto* v = ring.front();
+      uint64_t pos = 0;
+      auto* v = ring.next(&pos);
       ASSERT_NE(v, nullptr);
       EXPECT_EQ(**v, lap * 4 + i);
-      ring.pop();
+      ring.pop(pos);
       ASSERT_TRUE(ring.try_push(std::make_unique<int>((lap + 1) * 4 + i)));
     }
   }
+  uint64_t pos = 0;
   for (int i = 0; i < 4; ++i) {
-    ASSERT_NE(ring.front(), nullptr);
-    ring.pop();
+    ASSERT_NE(ring.next(&pos), nullptr);
+    ring.pop(pos);
   }
-  EXPECT_EQ(ring.front(), nullptr);
+  EXPECT_EQ(ring.next(&pos), nullptr);
   EXPECT_EQ(ring.size_approx(), 0u);
 }
 
 // Producers race for cells while the consumer takes them; values refused by
 // a full ring are pushed again. Each producer's values must arrive once each
-// and, since each producer pushes in order and the ring is FIFO, in order.
+// and in order: a producer claims its next cell only after filling the last,
+// so even values taken past a cell still being filled keep their producer's order.
 TEST(SubmitRing, ManyProducersOneConsumerDeliverEachValueOnceInOrder) {
   constexpr int kProducers = 4;
   constexpr uint64_t kPerProducer = 200'000;
@@ -60,7 +65,8 @@ TEST(SubmitRing, ManyProducersOneConsumerDeliverEachValueOnceInOrder) {
   uint64_t got = 0;
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (got < kProducers * kPerProducer && std::chrono::steady_clock::now() < give_up) {
-    uint64_t* v = ring.front();
+    uint64_t pos = 0;
+    uint64_t* v = ring.next(&pos);
     if (v == nullptr) {
       std::this_thread::yield();
       continue;
@@ -69,19 +75,22 @@ TEST(SubmitRing, ManyProducersOneConsumerDeliverEachValueOnceInOrder) {
     ASSERT_LT(p, size_t(kProducers));
     ASSERT_EQ(*v & 0xffffffffu, next[p]) << "producer " << p;
     ++next[p];
-    ring.pop();
+    ring.pop(pos);
     ++got;
   }
   for (auto& t : producers) t.join();
   EXPECT_EQ(got, kProducers * kPerProducer);
-  EXPECT_EQ(ring.front(), nullptr);
+  uint64_t pos = 0;
+  EXPECT_EQ(ring.next(&pos), nullptr);
+  EXPECT_EQ(ring.size_approx(), 0u);
 }
 
-// A producer that claimed a cell and has not filled it yet holds back every
-// value published after it: front() is null there. Draining up to claimed(),
-// waiting at such a cell, reaches them all (the worker's shutdown does this;
-// stopping at the first null left the later values, and their OnDones, behind).
-TEST(SubmitRing, ValuesBehindACellBeingFilledAreReachedByDrainingToClaimed) {
+// A producer that claimed a cell and has not filled it yet (preempted, on the
+// worker's ring) holds back nobody: the values published after its cell are
+// taken while it stalls, the oldest position waits at its cell, and once it
+// is filled and taken the oldest position moves over the values taken past
+// it. Cells freed that way are used again by the next lap.
+TEST(SubmitRing, ValuesPastACellBeingFilledAreTakenWhileItStalls) {
   SubmitRing<int> ring(8);
   std::atomic<bool> claimed{false}, release{false};
   std::thread slow([&] {
@@ -94,23 +103,134 @@ TEST(SubmitRing, ValuesBehindACellBeingFilledAreReachedByDrainingToClaimed) {
   while (!claimed.load()) std::this_thread::yield();
   ASSERT_TRUE(ring.try_push(2));
   ASSERT_TRUE(ring.try_push(3));
-  EXPECT_EQ(ring.front(), nullptr);  // held back by the cell being filled
+  uint64_t pos = 0;
+  for (int want : {2, 3}) {
+    int* v = ring.next(&pos);
+    ASSERT_NE(v, nullptr) << "held back by the cell being filled";
+    EXPECT_EQ(*v, want);
+    ring.pop(pos);
+  }
+  EXPECT_EQ(ring.next(&pos), nullptr);
+  EXPECT_EQ(ring.head(), 0u);
+  EXPECT_EQ(ring.size_approx(), 1u);
+  // The two cells taken are free for the next lap, the stalled one is not:
+  // five more fit (positions 3-7), and the ninth position (lap 2 of cell 0)
+  // is refused.
+  for (int i = 4; i <= 8; ++i) ASSERT_TRUE(ring.try_push(int(i)));
+  EXPECT_FALSE(ring.try_push(99));
+  std::vector<int> got;
+  while (int* v = ring.next(&pos)) {
+    got.push_back(*v);
+    ring.pop(pos);
+  }
+  EXPECT_EQ(got, (std::vector<int>{4, 5, 6, 7, 8}));
+  EXPECT_EQ(ring.head(), 0u);
+  release = true;
+  slow.join();
+  int* v = nullptr;
+  while ((v = ring.next(&pos)) == nullptr) std::this_thread::yield();
+  EXPECT_EQ(*v, 1);
+  ring.pop(pos);
+  EXPECT_EQ(ring.head(), 8u) << "the oldest position did not move over the values taken past it";
+  EXPECT_EQ(ring.size_approx(), 0u);
+  // Laps after it.
+  for (int lap = 0; lap < 3; ++lap) {
+    for (int i = 0; i < 8; ++i) ASSERT_TRUE(ring.try_push(lap * 8 + i));
+    EXPECT_FALSE(ring.try_push(99));
+    for (int i = 0; i < 8; ++i) {
+      v = ring.next(&pos);
+      ASSERT_NE(v, nullptr);
+      EXPECT_EQ(*v, lap * 8 + i);
+      ring.pop(pos);
+    }
+  }
+  EXPECT_EQ(ring.next(&pos), nullptr);
+}
+
+// Draining until head() reaches a claimed() read before, waiting where next()
+// finds nothing, reaches every value claimed by then, the stalled one
+// included (the worker's shutdown does this).
+TEST(SubmitRing, DrainingToClaimedReachesTheCellBeingFilled) {
+  SubmitRing<int> ring(8);
+  std::atomic<bool> claimed{false}, release{false};
+  std::thread slow([&] {
+    EXPECT_TRUE(ring.try_emplace([&](int& v) {
+      claimed = true;
+      while (!release.load()) std::this_thread::yield();
+      v = 1;
+    }));
+  });
+  while (!claimed.load()) std::this_thread::yield();
+  ASSERT_TRUE(ring.try_push(2));
+  ASSERT_TRUE(ring.try_push(3));
   EXPECT_EQ(ring.claimed(), 3u);
   std::vector<int> got;
-  bool released = false;
   for (const uint64_t end = ring.claimed(); ring.head() < end;) {
-    int* v = ring.front();
+    uint64_t pos = 0;
+    int* v = ring.next(&pos);
     if (v == nullptr) {
-      if (!released) release = released = true;
+      release = true;
       std::this_thread::yield();
       continue;
     }
     got.push_back(*v);
-    ring.pop();
+    ring.pop(pos);
   }
   slow.join();
-  EXPECT_EQ(got, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(got, (std::vector<int>{2, 3, 1}));
   EXPECT_EQ(ring.size_approx(), 0u);
+}
+
+// Producers that stall inside their cells at random, over many laps of a
+// small ring: every value arrives once, each producer's in order, and the
+// ring ends empty.
+TEST(SubmitRing, ProducersStallingInTheirCellsLoseAndReorderNothing) {
+  constexpr int kProducers = 4;
+  constexpr uint64_t kPerProducer = 50'000;
+  SubmitRing<uint64_t> ring(8);
+  std::atomic<bool> go{false};
+  std::vector<std::thread> producers;
+  for (int p = 0; p < kProducers; ++p)
+    producers.emplace_back([&, p] {
+      while (!go.load()) std::this_thread::yield();
+      uint32_t rng = 12345u + uint32_t(p);
+      for (uint64_t i = 0; i < kPerProducer; ++i) {
+        rng = rng * 1664525u + 1013904223u;
+        const int stall = (rng >> 24) < 8 ? int(rng >> 28) + 1 : 0;  // 1 in 32
+        const uint64_t v = (uint64_t(p) << 32) | i;
+        while (!ring.try_emplace([&](uint64_t& cell) {
+          for (int k = 0; k < stall; ++k) std::this_thread::yield();
+          cell = v;
+        }))
+          std::this_thread::yield();
+      }
+    });
+  go.store(true);
+  std::vector<uint64_t> next(kProducers, 0);
+  uint64_t got = 0, past_a_hole = 0;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (got < kProducers * kPerProducer && std::chrono::steady_clock::now() < give_up) {
+    uint64_t pos = 0;
+    uint64_t* v = ring.next(&pos);
+    if (v == nullptr) {
+      std::this_thread::yield();
+      continue;
+    }
+    const auto p = size_t(*v >> 32);
+    ASSERT_LT(p, size_t(kProducers));
+    ASSERT_EQ(*v & 0xffffffffu, next[p]) << "producer " << p;
+    ++next[p];
+    past_a_hole += pos != ring.head();
+    ring.pop(pos);
+    ++got;
+  }
+  for (auto& t : producers) t.join();
+  EXPECT_EQ(got, kProducers * kPerProducer);
+  uint64_t pos = 0;
+  EXPECT_EQ(ring.next(&pos), nullptr);
+  EXPECT_EQ(ring.size_approx(), 0u);
+  EXPECT_EQ(ring.head(), ring.claimed());
+  RecordProperty("taken_past_a_hole", std::to_string(past_a_hole));
 }
 
 }  // namespace
