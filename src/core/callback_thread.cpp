@@ -78,13 +78,16 @@ void CallbackThread::run() {
   uint32_t empty_polls = 0;
   for (;;) {
     size_t n = q_.try_dequeue_bulk(batch, 32);
+    // Once stopping, leave as soon as the queue is drained (stop() pushed an
+    // empty event to wake us), not after another idle timeout or help window;
+    // its count is exact only once that push has returned (stop()).
+    if (n == 0 && wake_pushed_.load(std::memory_order_acquire) && q_.size_approx() == 0) return;
     if (n == 0 && spin_) {
       // A blocked thread is woken through a futex: several microseconds per
       // callback, as much as a whole immediate round trip. But an engine whose
       // application takes no callbacks should not give this thread a core:
       // spin only while events came within the last kSpinWindowNs, reading
       // the clock once per kSpinPollsPerClock empty polls.
-      if (wake_pushed_.load(std::memory_order_acquire) && q_.size_approx() == 0) return;
       if (++empty_polls % kSpinPollsPerClock != 0 || now_ns() - last_event_ns < kSpinWindowNs) {
         cpu_relax();
         continue;
@@ -108,10 +111,6 @@ void CallbackThread::run() {
           if (batch[i].pushed_ns != 0) delay_.record(uint64_t(now - batch[i].pushed_ns));
     }
     for (size_t i = 0; i < n; ++i) dispatch(batch[i].ev);
-    // Once stopping, leave as soon as the queue is drained (stop() pushed an
-    // empty event to wake us), not after another idle timeout; its count is
-    // exact only once that push has returned (stop()).
-    if (wake_pushed_.load(std::memory_order_acquire) && q_.size_approx() == 0) return;
   }
 }
 

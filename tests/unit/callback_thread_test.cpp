@@ -3,10 +3,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <future>
 #include <thread>
 
 #include "core/callback_thread.h"
 #include "core/cpu_relax.h"
+#include "core/progress_help.h"
 
 namespace ferry::core {
 namespace {
@@ -60,6 +62,29 @@ TEST(CallbackThread, EventsQueuedBeforeStopRunOnTheCallbackThread) {
   }
   EXPECT_EQ(not_run, 0);
   EXPECT_EQ(off_thread, 0) << "events left queued when the callback thread stopped, of " << cycles;
+}
+
+// A callback thread helping idle workers (adaptive polling) keeps helping for
+// its window after each event, and with spin_before_block set long that
+// window outlasts any test. stop() must end it all the same, however the
+// thread's last event and stop()'s wake-up fall: the wake-up may be taken
+// before stop() has marked it pushed, and the thread must then still see the
+// mark while it helps (it did not: a hang in one of four runs of
+// Wake.InlineCallbackOnAHelpingWaiterFiresOnceAndItsReplyGoesOut under ASan).
+TEST(CallbackThread, StopEndsAThreadThatHelpsWorkersWithoutEnd) {
+  ProgressHelp help([] { return false; });
+  for (int cycle = 0; cycle < 500; ++cycle) {
+    CallbackThread cb(nullptr, -1);
+    cb.set_progress_help(&help, std::chrono::hours(1));
+    std::atomic<bool> ran{false};
+    cb.push(TaskEvent{[&] { ran = true; }});
+    while (!ran.load()) std::this_thread::yield();
+    auto stopped = std::async(std::launch::async, [&] { cb.stop(); });
+    if (stopped.wait_for(20s) != std::future_status::ready) {
+      ADD_FAILURE() << "stop() did not return within 20 s (cycle " << cycle << ")";
+      std::abort();  // the thread cannot be joined: end here rather than hang
+    }
+  }
 }
 
 }  // namespace
