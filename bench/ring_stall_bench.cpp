@@ -21,16 +21,12 @@
 
 #include "core/cpu_relax.h"
 #include "core/log.h"
+#include "core/stats.h"
 #include "core/submit_ring.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-      .count();
-}
 
 struct Item {
   int64_t pushed_ns = 0;  // 0: the stalling producer's
@@ -52,7 +48,7 @@ Result run(bool past_holes, int consumer_cpu, int producer_cpu, double seconds, 
     while (!stop.load(std::memory_order_relaxed)) {
       next += std::chrono::microseconds(gap_us);
       while (Clock::now() < next) ferry::core::cpu_relax();
-      const int64_t t = now_ns();
+      const int64_t t = ferry::core::now_ns();
       while (!ring.try_emplace([&](Item& it) { it.pushed_ns = t; }) && !stop.load())
         std::this_thread::yield();
     }
@@ -84,7 +80,7 @@ Result run(bool past_holes, int consumer_cpu, int producer_cpu, double seconds, 
       ferry::core::cpu_relax();
       continue;
     }
-    if (it->pushed_ns != 0) waits.push_back(double(now_ns() - it->pushed_ns) / 1e3);
+    if (it->pushed_ns != 0) waits.push_back(double(ferry::core::now_ns() - it->pushed_ns) / 1e3);
     ring.pop(pos);
     ++taken;
   }
