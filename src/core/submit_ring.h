@@ -80,13 +80,13 @@ class SubmitRing {
       *pos = head_;
       return &c.value;
     }
-    // A hole shows as the next cell published (two holes in a row wait for
-    // the first to be filled, as every hole did before). Looking there costs nothing
-    // on an idle ring (the consumer freed that cell last lap and nobody wrote
-    // it since), where reading the submitters' tail_ on every poll would take
-    // that line from the one submitting and slow its next claim.
-    if (ahead_ == 0 && cells_[(head_ + 1) & mask_].seq.load(std::memory_order_relaxed) != head_ + 2)
-      return nullptr;
+    // A hole shows as one of the next kLookAhead cells published (more
+    // stalled submitters in a row than that wait for the first to be filled).
+    // Looking there costs nothing on an idle ring (the consumer freed those
+    // cells last lap and nobody wrote them since), where reading the
+    // submitters' tail_ on every poll would take that line from the one
+    // submitting and slow its next claim.
+    if (ahead_ == 0 && !published_ahead()) return nullptr;
     return next_past_hole(pos);
   }
   void pop(uint64_t pos) {
@@ -157,12 +157,19 @@ class SubmitRing {
       if (cells_[p & mask_].seq.load(std::memory_order_acquire) == p + 1) return p;
     return hi;
   }
+  bool published_ahead() const {
+    const uint64_t n = std::min<uint64_t>(kLookAhead, mask_);
+    for (uint64_t p = head_ + 1; p <= head_ + n; ++p)
+      if (cells_[p & mask_].seq.load(std::memory_order_relaxed) == p + 1) return true;
+    return false;
+  }
   // Position p (head_ <= p < head_ + N) was taken: its cell says p + N (freed)
   // or p + N + 1 (refilled for the next lap), never less.
   bool consumed_at(uint64_t p) const {
     return int64_t(cells_[p & mask_].seq.load(std::memory_order_acquire) - p) > int64_t(mask_);
   }
   static constexpr uint64_t kScanCells = 64;
+  static constexpr uint64_t kLookAhead = 4;
 
   std::unique_ptr<Cell[]> cells_;
   const uint64_t mask_;

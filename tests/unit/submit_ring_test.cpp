@@ -173,6 +173,74 @@ TEST(SubmitRing, ValuesPastACellBeingFilledAreTakenWhileItStalls) {
   EXPECT_EQ(ring.next(&pos), nullptr);
 }
 
+// Submitters that claim cells one after another and stall inside them until
+// released, the first at position 0.
+class StalledProducers {
+ public:
+  StalledProducers(SubmitRing<int>& ring, int count) : release_(size_t(count)) {
+    for (int i = 0; i < count; ++i) {
+      threads_.emplace_back([this, &ring, i] {
+        EXPECT_TRUE(ring.try_emplace([&](int& v) {
+          claimed_.fetch_add(1);
+          while (!release_[size_t(i)].load()) std::this_thread::yield();
+          v = 100 + i;
+        }));
+      });
+      while (claimed_.load() != i + 1) std::this_thread::yield();
+    }
+  }
+  ~StalledProducers() {
+    for (auto& r : release_) r.store(true);
+    for (auto& t : threads_) t.join();
+  }
+  void release(int i) { release_[size_t(i)].store(true); }
+
+ private:
+  std::atomic<int> claimed_{0};
+  std::vector<std::atomic<bool>> release_;
+  std::vector<std::thread> threads_;
+};
+
+// Several submitters stalled in cells next to each other (one thread each,
+// preempted one after the other) hold back nobody either, up to the ring's
+// look-ahead of four cells past the oldest; past that, the values wait for
+// the oldest hole to be filled and are taken then, still before the others.
+TEST(SubmitRing, ValuesPastSeveralCellsBeingFilledInARowAreTaken) {
+  for (int holes : {2, 3, 4}) {
+    SCOPED_TRACE(testing::Message() << holes << " cells being filled");
+    SubmitRing<int> ring(16);
+    StalledProducers stalled(ring, holes);
+    ASSERT_TRUE(ring.try_push(1));
+    ASSERT_TRUE(ring.try_push(2));
+    uint64_t pos = 0;
+    for (int want : {1, 2}) {
+      int* v = ring.next(&pos);
+      ASSERT_NE(v, nullptr) << "held back by the cells being filled";
+      EXPECT_EQ(*v, want);
+      EXPECT_EQ(pos, uint64_t(holes + want - 1));
+      ring.pop(pos);
+    }
+    EXPECT_EQ(ring.next(&pos), nullptr);
+    EXPECT_EQ(ring.head(), 0u);
+  }
+  SubmitRing<int> ring(16);
+  StalledProducers stalled(ring, 5);
+  ASSERT_TRUE(ring.try_push(1));
+  uint64_t pos = 0;
+  EXPECT_EQ(ring.next(&pos), nullptr) << "five holes in a row: past the look-ahead";
+  stalled.release(0);
+  int* v = nullptr;
+  while ((v = ring.next(&pos)) == nullptr) std::this_thread::yield();
+  EXPECT_EQ(*v, 100);
+  ring.pop(pos);
+  v = ring.next(&pos);
+  ASSERT_NE(v, nullptr) << "four holes past the oldest: within the look-ahead";
+  EXPECT_EQ(*v, 1);
+  EXPECT_EQ(pos, 5u);
+  ring.pop(pos);
+  EXPECT_EQ(ring.head(), 1u);
+}
+
 // Draining until head() reaches a claimed() read before, waiting where next()
 // finds nothing, reaches every value claimed by then, the stalled one
 // included (the worker's shutdown does this).
