@@ -194,7 +194,11 @@ int client(int fd, Options& o, const std::vector<Point>& points) {
       "{}/ferry p50 "
       "latency{}\n",
       o.baseline(), o.baseline(),
-      copies ? "; cuda = one cudaMemcpyAsync per write into the peer's IPC-mapped region" : "");
+      copies ? "; cuda = one cudaMemcpyAsync per write into the peer's IPC-mapped region"
+      : o.raw_relay
+          ? "; raw-relay = the raw immediate ping-pong through a NIC thread per side (the other "
+            "points' baseline is the plain raw one)"
+          : "");
   o.load_start = shell("cut -d' ' -f1-3 /proc/loadavg");
   fmt::print("load average at start: {}\n", o.load_start);
   print_header(o.baseline());
@@ -391,6 +395,11 @@ int main(int argc, char** argv) {
                  "paged: pages per request, comma-separated (default 100,10000; 100 with --quick)")
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--raw-relay", o.raw_relay,
+               "the immediate points' baseline with the engine's thread layout: on each side a "
+               "NIC thread owns the endpoint and the application thread hands it each write and "
+               "waits for each arrival through shared memory (two thread crossings per half round "
+               "trip, no engine); the server answers from its main thread, as for imm");
   app.add_option("--msg-size", o.msg_size, "send/recv ping-pong message bytes")
       ->check(CLI::Range(8, 64 << 10))
       ->capture_default_str();
@@ -417,6 +426,12 @@ int main(int argc, char** argv) {
   if (!o.nvlink() && o.nic_names.size() != 1 && o.nic_names.size() != 2 &&
       o.nic_names.size() != 4) {
     std::fprintf(stderr, "ferry-bench: 1, 2 or 4 NICs per group\n");
+    return 2;
+  }
+  if (o.raw_relay && (o.nvlink() || o.no_raw || o.nic_names.size() != 1)) {
+    std::fprintf(
+        stderr,
+        "ferry-bench: --raw-relay needs a libfabric provider, one NIC and the raw baseline\n");
     return 2;
   }
   if (!o.gpu.empty()) {

@@ -45,6 +45,7 @@ struct Options {
   bool verify = false;
   bool quick = false;
   bool no_raw = false;
+  bool raw_relay = false;  // imm baseline through a NIC thread per side (raw_relay.h)
   std::string only = "single,paged,scatter,barrier,imm,sendrecv";
   double seconds = 0;  // 0 = 1.0, or 0.25 with --quick
   uint64_t iters = 0;
@@ -62,7 +63,9 @@ struct Options {
   int gpu_of(bool server) const { return gpu.empty() ? -1 : gpu[server ? 1 : 0]; }
   // The baseline of every point: raw libfabric on the same provider, or
   // CUDA copies into the peer's region (nvlink), or none.
-  const char* baseline() const { return no_raw ? "none" : nvlink() ? "cuda" : "raw"; }
+  const char* baseline() const {
+    return no_raw ? "none" : nvlink() ? "cuda" : raw_relay ? "raw-relay" : "raw";
+  }
   ferry::PollMode poll_mode() const {
     return poll == "busy" ? ferry::PollMode::kBusy : ferry::PollMode::kAdaptive;
   }

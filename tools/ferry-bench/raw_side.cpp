@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "channel.h"
+#include "raw_relay.h"
 
 namespace ferry_bench {
 
@@ -110,6 +111,7 @@ Result RawClient::throughput(const Point& p, const Layout& l, const DriveConfig&
 Result RawClient::pingpong_(const Point& p, const DriveConfig& dc) {
   RawEvent ev[32];
   const bool send = p.sendrecv();
+  if (o_.raw_relay && !send) return relayed_pingpong(dc);
   if (send) post_raw_recvs(rf_, msg_, &recvs_posted_);
   uint8_t* sbuf = msg_ + kRawSendOffset;
   std::string bad;
@@ -152,8 +154,57 @@ Result RawClient::pingpong_(const Point& p, const DriveConfig& dc) {
   return r;
 }
 
+Result RawClient::relayed_pingpong(const DriveConfig& dc) {
+  const bool yield = o_.poll_mode() == ferry::PollMode::kAdaptive;
+  RawRelay relay(rf_, o_.cpu[0], yield, region_, peer_.bases[0], peer_.keys[0], kImmPing);
+  uint64_t sent = 0;  // across the warm-up and the measured phase
+  auto one = [&](uint64_t) {
+    relay.request();
+    ++sent;
+    const auto t = Clock::now();
+    for (uint32_t spins = 1;; ++spins) {
+      if (relay.arrived() >= sent) return true;
+      if ((spins & 4095) == 0 && (relay.failed() || secs_since(t) >= 10)) return false;
+      if (yield) sched_yield();
+    }
+  };
+  Result r = pingpong(dc, one);
+  if (relay.failed()) std::fprintf(stderr, "client: %s\n", relay.error().c_str());
+  return r;
+}
+
+namespace {
+
+// serve_raw's ping-pong of immediates through a RawRelay: this thread answers
+// each arrival, as the engine's counter responder does.
+void serve_relayed(RawFabric& rf, Region& reg, const RawRegion& client, const Options& o, int fd) {
+  uint64_t arrivals = 0;
+  std::string error;
+  {
+    const bool yield = o.poll_mode() == ferry::PollMode::kAdaptive;
+    RawRelay relay(rf, o.server_cpu[0], yield, reg.data(), client.bases[0], client.keys[0],
+                   kImmPong);
+    send_msg(fd, MsgType::kReply);  // ready
+    uint64_t replied = 0;
+    for (uint64_t spins = 1;; ++spins) {
+      for (const uint64_t a = relay.arrived(); replied < a; ++replied) relay.request();
+      // Rarely: a system call between two arrivals would be the floor's own delay.
+      if ((spins & 16383) == 0 && readable(fd)) break;
+      if (yield) sched_yield();
+    }
+    recv_msg(fd, MsgType::kRawStop);
+    arrivals = relay.arrived();
+    error = relay.error();
+  }
+  if (!error.empty()) std::fprintf(stderr, "server: %s\n", error.c_str());
+  send_msg(fd, MsgType::kReply, Writer().put(arrivals).str(error));
+}
+
+}  // namespace
+
 void serve_raw(RawFabric& rf, Region& reg, const RawRegion& client, const Options& o, int fd,
                const Point& p, RawMode mode, uint64_t seed, bool* recvs_posted) {
+  if (mode == RawMode::kPingWrite && o.raw_relay) return serve_relayed(rf, reg, client, o, fd);
   const Layout l(p, o.region());
   uint8_t* region = reg.data();
   uint8_t* msg = region + o.region() - kMsgArea;  // host regions only: no ping-pong on GPUs

@@ -34,6 +34,9 @@ class RawClient {
   Result pingpong_(const Point& p, const DriveConfig& dc);
 
  private:
+  // The immediate ping-pong through a NIC thread (--raw-relay).
+  Result relayed_pingpong(const DriveConfig& dc);
+
   RawFabric& rf_;
   uint8_t* region_;
   uint8_t* msg_;
