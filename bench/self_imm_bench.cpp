@@ -5,9 +5,18 @@
 // process: what the submission hand-off costs, measured where two cores are
 // enough (the application on one, a busy worker on the other).
 //
-//   self_imm_bench [--provider fake|shm|tcp] [--cpus A,B] [--iters N] [--rounds R]
+// With --baselines (a libfabric provider), each round first runs the same
+// round trip on the raw provider: by one thread that posts and polls
+// ("raw"), and through a NIC thread on the worker's CPU that posts and polls
+// for the application thread, which hands it each write and waits for each
+// arrival through one cache line each way ("relay", the engine's thread
+// layout without the engine). relay - raw is the cost of the two crossings,
+// ferry - relay the engine's own path.
 //
-// Prints, per round, the p50 and p99 of the round trip in nanoseconds.
+//   self_imm_bench [--provider fake|shm|tcp] [--cpus A,B] [--iters N] [--rounds R] [--baselines]
+//
+// Prints, per round and implementation, the p50 and p99 of the round trip in
+// nanoseconds.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -17,13 +26,91 @@
 #include <string>
 #include <vector>
 
+#include <rdma/fi_errno.h>
 #include "core/cpu_relax.h"
 #include "core/log.h"
 #include "ferry/ferry.h"
 
+#include "raw_fabric.h"
+#include "raw_relay.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Times `iters` round trips of one(), which returns false when one did not
+// come back; prints the p50 and p99. False when a round trip failed.
+template <typename One>
+bool time_round(const std::string& what, size_t round, size_t iters, One&& one) {
+  std::vector<double> rt(iters);
+  for (size_t i = 0; i < iters; ++i) {
+    const auto t0 = Clock::now();
+    if (!one(t0 + std::chrono::seconds(10))) {
+      std::fprintf(stderr, "%s: round trip %zu of round %zu did not come back in 10 s\n",
+                   what.c_str(), i, round);
+      return false;
+    }
+    rt[i] = double(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+  }
+  std::sort(rt.begin(), rt.end());
+  std::printf("%s round %zu: %zu round trips, p50 %.0f ns, p99 %.0f ns\n", what.c_str(), round,
+              iters, rt[rt.size() / 2], rt[rt.size() * 99 / 100]);
+  std::fflush(stdout);
+  return true;
+}
+
+// Spins until done() or the deadline; false on the deadline.
+template <typename Done>
+bool spin_until(Clock::time_point give_up, Done&& done) {
+  for (uint32_t polls = 1; !done(); ++polls) {
+    ferry::core::cpu_relax();
+    if (polls % 4096 == 0 && Clock::now() > give_up) return false;
+  }
+  return true;
+}
+
+// The raw provider, one endpoint writing to itself.
+bool raw_rounds(const std::string& provider, size_t round, size_t iters, int worker_cpu) {
+  using ferry_bench::RawEvent;
+  ferry_bench::RawFabric rf(provider, {provider == "shm" ? "shm" : "lo"});
+  std::vector<uint8_t> region(4096);
+  const ferry_bench::RawRegion reg = rf.register_region(region.data(), region.size(), true);
+  rf.insert_peer({rf.address(0)});
+  RawEvent ev[32];
+  const bool raw_ok = time_round(provider + " raw", round, iters, [&](Clock::time_point give_up) {
+    bool back = false;
+    auto poll = [&] {
+      const size_t n = rf.poll(0, ev, 32);
+      for (size_t i = 0; i < n; ++i) back |= ev[i].kind == RawEvent::Kind::kRemoteData;
+    };
+    // The first write to an address may wait for the provider's connection.
+    int ret = -FI_EAGAIN;
+    if (!spin_until(give_up,
+                    [&] {
+                      if ((ret = rf.write(0, region.data(), 0, reg.bases[0], reg.keys[0], 7, 1)) ==
+                          -FI_EAGAIN)
+                        poll();
+                      return ret != -FI_EAGAIN;
+                    }) ||
+        ret != 0)
+      return false;
+    return spin_until(give_up, [&] {
+      poll();
+      return back;
+    });
+  });
+  if (!raw_ok) return false;
+  ferry_bench::RawRelay relay(rf, worker_cpu, false, region.data(), reg.bases[0], reg.keys[0], 7);
+  uint64_t sent = 0;
+  const bool relay_ok =
+      time_round(provider + " relay", round, iters, [&](Clock::time_point give_up) {
+        relay.request();
+        ++sent;
+        return spin_until(give_up, [&] { return relay.arrived() >= sent; });
+      });
+  if (!relay.error().empty()) std::fprintf(stderr, "%s\n", relay.error().c_str());
+  return relay_ok;
+}
 
 }  // namespace
 
@@ -31,6 +118,7 @@ int main(int argc, char** argv) {
   std::string provider = "fake";
   int app_cpu = 0, worker_cpu = 1;
   size_t iters = 200000, rounds = 3;
+  bool baselines = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -44,44 +132,41 @@ int main(int argc, char** argv) {
       iters = std::strtoull(next().c_str(), nullptr, 10);
     } else if (a == "--rounds") {
       rounds = std::strtoull(next().c_str(), nullptr, 10);
+    } else if (a == "--baselines") {
+      baselines = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--provider P] [--cpus A,B] [--iters N] [--rounds R]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--provider P] [--cpus A,B] [--iters N] [--rounds R] [--baselines]\n",
                    argv[0]);
       return 2;
     }
   }
   setenv("FERRY_LOG", "warn", 0);
   ferry::core::pin_current_thread(app_cpu, "self_imm_bench");
-  ferry::EngineConfig c;
-  c.provider = provider;
-  c.poll_mode = ferry::PollMode::kBusy;
-  c.groups[0].worker_cpu = worker_cpu;
-  ferry::TransferEngine e(c);
-  std::vector<uint8_t> region(4096);
-  auto [h, desc] = e.reg_mr(region.data(), region.size());
-  (void)h;
-  auto counter = e.imm_counter(7);
-  std::vector<double> rt(iters);
-  for (size_t r = 0; r < rounds; ++r) {
-    for (size_t i = 0; i < iters; ++i) {
-      const auto t0 = Clock::now();
-      e.submit_imm(7, desc, ferry::OnDone::none());
-      const auto give_up = t0 + std::chrono::seconds(10);
-      for (uint32_t polls = 1; !counter.try_consume(1); ++polls) {
-        ferry::core::cpu_relax();
-        if (polls % 4096 == 0 && Clock::now() > give_up) {
-          std::fprintf(stderr, "immediate %zu of round %zu did not come back in 10 s\n", i, r);
-          return 1;
-        }
-      }
-      rt[i] =
-          double(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-    }
-    std::vector<double> s = rt;
-    std::sort(s.begin(), s.end());
-    std::printf("%s round %zu: %zu round trips, p50 %.0f ns, p99 %.0f ns\n", provider.c_str(), r,
-                iters, s[s.size() / 2], s[s.size() * 99 / 100]);
+  if (baselines && provider == "fake") {
+    std::fprintf(stderr, "--baselines needs a libfabric provider\n");
+    return 2;
   }
-  e.stop();
+  for (size_t r = 0; r < rounds; ++r) {
+    if (baselines && !raw_rounds(provider, r, iters, worker_cpu)) return 1;
+    // A fresh engine per round: its busy worker would otherwise spin on the
+    // CPU the relay's NIC thread takes.
+    ferry::EngineConfig c;
+    c.provider = provider;
+    c.poll_mode = ferry::PollMode::kBusy;
+    c.groups[0].worker_cpu = worker_cpu;
+    ferry::TransferEngine e(c);
+    std::vector<uint8_t> region(4096);
+    auto [h, desc] = e.reg_mr(region.data(), region.size());
+    (void)h;
+    auto counter = e.imm_counter(7);
+    const bool ok = time_round(provider + (baselines ? " ferry" : ""), r, iters,
+                               [&](Clock::time_point give_up) {
+                                 e.submit_imm(7, desc, ferry::OnDone::none());
+                                 return spin_until(give_up, [&] { return counter.try_consume(1); });
+                               });
+    e.stop();
+    if (!ok) return 1;
+  }
   return 0;
 }

@@ -3,7 +3,7 @@
 #include <rdma/fi_errno.h>
 #include <sched.h>
 
-#include "options.h"
+#include "core/log.h"
 
 namespace ferry_bench {
 
@@ -24,7 +24,7 @@ std::string RawRelay::error() const {
 }
 
 void RawRelay::run(int cpu, bool yield) {
-  pin_self(cpu);
+  if (cpu >= 0) ferry::core::pin_current_thread(cpu, "raw relay");
   RawEvent ev[32];
   uint64_t posted = 0, arrived = 0;
   while (!stop_.load(std::memory_order_acquire)) {
