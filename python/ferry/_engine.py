@@ -126,6 +126,10 @@ class TransferEngine(_Observability):
             else off.
         trace: a file to write a Chrome trace-event JSON timeline to at stop() (Perfetto,
             chrome://tracing). None: FERRY_TRACE, else off. docs/OBSERVABILITY.md.
+        latency_sample_every: the statistics time the latency and queueing delay of one
+            submission in this many per submitting thread (the first included), and of every
+            one while tracing: a precise clock read is on the way to the wire. 1: every
+            submission. Transfer counts are exact either way.
 
     Use it as a context manager, or call stop(): ``with TransferEngine(...) as e: ...``.
     Callbacks (on_done, receive, immediates) run on the engine's callback thread with the
@@ -151,6 +155,7 @@ class TransferEngine(_Observability):
         queue_full: str = "block",
         metrics: Optional[str] = None,
         trace: Optional[str] = None,
+        latency_sample_every: int = 16,
     ) -> None:
         if provider is not None and not isinstance(provider, str):
             raise InvalidArgumentType(f"provider must be a str or None, got {type(provider).__name__}")
@@ -187,6 +192,9 @@ class TransferEngine(_Observability):
         )
         if queue_full not in ("block", "refuse"):
             raise InvalidArgument(f"queue_full must be 'block' or 'refuse', got {queue_full!r}")
+        latency_sample_every = _int_arg(
+            latency_sample_every, "latency_sample_every", 1, 2**32 - 1, "[1, 2**32)"
+        )
         self._e = _ferry.Engine(
             provider or "",
             specs,
@@ -201,6 +209,7 @@ class TransferEngine(_Observability):
             queue_full,
             metrics or "",
             trace or "",
+            latency_sample_every,
         )
         with _live_lock:
             _live_engines.add(self)

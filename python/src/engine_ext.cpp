@@ -24,11 +24,13 @@ namespace ferry::py {
 PyEngine::PyEngine(std::string provider, std::vector<GroupSpec> groups, size_t nics_per_group,
                    bool busy, int callback_cpu, double default_timeout, size_t send_buffer_size,
                    size_t send_buffer_count, int verbs_gid_index, size_t max_requests_in_flight,
-                   std::string queue_full, std::string metrics_address, std::string trace_file)
+                   std::string queue_full, std::string metrics_address, std::string trace_file,
+                   uint32_t latency_sample_every)
     : shared_(std::make_shared<Shared>()) {
   EngineConfig c;
   c.metrics_address = std::move(metrics_address);  // observability: stats_ext.cpp
   c.trace_file = std::move(trace_file);
+  c.latency_sample_every = latency_sample_every;
   if (max_requests_in_flight == 0) invalid("max_requests_in_flight must be positive");
   c.max_requests_in_flight = max_requests_in_flight;
   if (queue_full == "block")

@@ -24,7 +24,8 @@ class PyEngine {
   PyEngine(std::string provider, std::vector<GroupSpec> groups, size_t nics_per_group, bool busy,
            int callback_cpu, double default_timeout, size_t send_buffer_size,
            size_t send_buffer_count, int verbs_gid_index, size_t max_requests_in_flight,
-           std::string queue_full, std::string metrics_address, std::string trace_file);
+           std::string queue_full, std::string metrics_address, std::string trace_file,
+           uint32_t latency_sample_every);
 
   // The C++ engine, for the bindings of other files (stats_ext.cpp).
   TransferEngine& native() {

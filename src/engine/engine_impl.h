@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "core/callback_thread.h"
+#include "core/coarse_clock.h"
 #include "core/imm_table.h"
 #include "core/log.h"
 #include "core/worker.h"
@@ -148,18 +149,48 @@ struct TransferEngine::Impl {
     return d.count() > 0 ? now + d : Clock::time_point{};
   }
 
+  // When a submission was made, for its deadline and the statistics. A
+  // precise clock read costs 20-45 ns on the caller's way to the wire, so it
+  // is taken only for the statistics' submit time (queueing delay, transfer
+  // latency), of one submission in EngineConfig::latency_sample_every per
+  // thread and of every one while tracing; the deadline otherwise comes from
+  // the coarse clock, one tick later so that it is never early (the worker
+  // checks deadlines once a millisecond anyway).
+  struct SubmitTime {
+    Clock::time_point deadline;  // `dl`, or the default deadline
+    int64_t submit_ns = 0;       // 0: not sampled
+  };
+  SubmitTime submit_time(Clock::time_point dl = Clock::time_point::max()) const {
+    static thread_local uint32_t t_until_sample = 0;  // submissions before the next timed one
+    SubmitTime t{dl, 0};
+    Clock::time_point now{};
+    if (core::kStatsEnabled && (t_until_sample == 0 || !shared.config.trace_file.empty())) {
+      now = Clock::now();
+      t.submit_ns = core::ns_of(now);
+      const uint32_t every = shared.config.latency_sample_every;
+      t_until_sample = every > 1 ? every - 1 : 0;
+    } else if (core::kStatsEnabled) {
+      --t_until_sample;
+    }
+    if (dl == Clock::time_point::max()) {
+      const auto d = shared.config.default_deadline;
+      if (d.count() <= 0)
+        t.deadline = Clock::time_point{};
+      else
+        t.deadline = (t.submit_ns != 0 ? now : core::coarse_now() + core::coarse_tick()) + d;
+    }
+    return t;
+  }
+
   // A request the caller cannot have queued (its group is full, or the engine
   // stops) throws, and its OnDone never runs; one that is queued has its
   // OnDone run exactly once.
   template <typename Req>
   TransferId submit(core::Worker& w, OnDone on_done, Req&& req,
                     Clock::time_point dl = Clock::time_point::max()) {
-    // One clock read for the deadline and the statistics' submit time (a read
-    // is 20-45 ns, on the caller's way to the wire). A submit that waits for
-    // admission counts that wait as queueing.
-    const bool default_dl = dl == Clock::time_point::max();
-    const auto now = default_dl || core::kStatsEnabled ? Clock::now() : Clock::time_point{};
-    const Clock::time_point deadline_at = default_dl ? deadline(now) : dl;
+    // A submit that waits for admission counts that wait as queueing.
+    const SubmitTime t = submit_time(dl);
+    const Clock::time_point deadline_at = t.deadline;
     Status st = w.admit(deadline_at);
     if (!st.is_ok()) throw Error(st);
     const TransferId id = next_transfer.fetch_add(1, std::memory_order_relaxed);
@@ -172,7 +203,7 @@ struct TransferEngine::Impl {
       cmd.admitted = true;
       cmd.on_done = std::move(on_done);
       cmd.deadline = deadline_at;
-      cmd.submit_ns = core::kStatsEnabled ? core::ns_of(now) : 0;
+      cmd.submit_ns = t.submit_ns;
       cmd.req.template emplace<std::decay_t<Req>>(std::forward<Req>(req));
     });
     return id;
@@ -181,9 +212,8 @@ struct TransferEngine::Impl {
   // An immediate with no OnDone to a group of one NIC: the whole command in
   // the first line of its cell (core::FastImm).
   TransferId submit_fast_imm(core::Worker& w, uint32_t imm, const MrDesc::Nic& dst) {
-    const auto now = Clock::now();
     const NetAddr* addr = addrs->intern(dst.addr);
-    return submit_one_line(w, now, deadline(now), [&](core::FastCmd& f) {
+    return submit_one_line(w, submit_time(), [&](core::FastCmd& f) {
       f.imm = core::FastImm{core::FastKind::kImm, imm, addr, dst.rkey, dst.base};
     });
   }
@@ -191,24 +221,23 @@ struct TransferEngine::Impl {
   // A send with no OnDone: the whole command in the first line of its cell
   // (core::FastSend). `buffer` holds the message already.
   TransferId submit_fast_send(core::Worker& w, const NetAddr& to, uint32_t buffer, uint64_t len,
-                              Clock::time_point now, Clock::time_point deadline_at) {
+                              const SubmitTime& t) {
     const NetAddr* addr = addrs->intern(to);
-    return submit_one_line(w, now, deadline_at, [&](core::FastCmd& f) {
+    return submit_one_line(w, t, [&](core::FastCmd& f) {
       f.send = core::FastSend{core::FastKind::kSend, buffer, addr, len};
     });
   }
 
   // The steps every one-line command shares; `fill` writes its body.
   template <typename Fill>
-  TransferId submit_one_line(core::Worker& w, Clock::time_point now, Clock::time_point deadline_at,
-                             Fill&& fill) {
-    Status st = w.admit(deadline_at);
+  TransferId submit_one_line(core::Worker& w, const SubmitTime& t, Fill&& fill) {
+    Status st = w.admit(t.deadline);
     if (!st.is_ok()) throw Error(st);
     const TransferId id = next_transfer.fetch_add(1, std::memory_order_relaxed);
     w.submit_with([&](Command& cmd) {
       cmd.id = id;
-      cmd.deadline = deadline_at;
-      cmd.submit_ns = core::kStatsEnabled ? core::ns_of(now) : 0;
+      cmd.deadline = t.deadline;
+      cmd.submit_ns = t.submit_ns;
       fill(cmd.fast);
     });
     return id;

@@ -20,8 +20,8 @@ TransferId TransferEngine::submit_send(const NetAddr& addr, std::span<const uint
                 fmt::format("submit_send: {} bytes exceed the send buffer size {} "
                             "(EngineConfig::send_buffer_size)",
                             msg.size(), im.send_pool.buf_len));
-  const auto now = Clock::now();
-  const Clock::time_point dl = im.deadline(now);
+  const TransferEngine::Impl::SubmitTime t = im.submit_time();
+  const Clock::time_point dl = t.deadline;
   uint32_t buf = 0;
   // A callback run on a worker (CallbackOn::kWorker) must not wait for a
   // buffer: the workers are what give them back.
@@ -31,7 +31,7 @@ TransferId TransferEngine::submit_send(const NetAddr& addr, std::span<const uint
   if (!st.is_ok()) throw Error(st);
   if (!msg.empty()) std::memcpy(im.send_pool.buffer(buf), msg.data(), msg.size());
   try {
-    if (on_done.empty()) return im.submit_fast_send(*im.workers[0], addr, buf, msg.size(), now, dl);
+    if (on_done.empty()) return im.submit_fast_send(*im.workers[0], addr, buf, msg.size(), t);
     return im.submit(*im.workers[0], std::move(on_done),
                      core::SendReq{im.addrs->intern(addr), buf, msg.size()}, dl);
   } catch (...) {

@@ -461,7 +461,9 @@ void FabricDomain::orphan_dead_peers(Clock::time_point now) {
 size_t FabricDomain::poll(std::span<core::Completion> out) {
   size_t n = repost_count_ > 0 ? retry_reposts(out) : 0;
   if (shm_ && (tx_in_flight_ > 0 || orphans_ > 0) && !shm_peers_.empty()) {
-    const auto now = Clock::now();
+    // Coarse: these checks run every 10-100 ms, and a precise read on every
+    // poll with a write in flight would be on the way of every completion.
+    const auto now = core::coarse_now();
     // Writes in flight to a peer that died would never complete.
     if (tx_in_flight_ > 0 && now >= next_peer_check_) {
       next_peer_check_ = now + kLivenessPeriod;
@@ -473,7 +475,7 @@ size_t FabricDomain::poll(std::span<core::Completion> out) {
     }
   }
   if (socket_probe_ && tx_in_flight_ > 0) {
-    const auto now = Clock::now();
+    const auto now = core::coarse_now();
     if (now >= next_stall_scan_) scan_for_stalled_peers(now);
   }
   if (orphan_scan_) n += fail_orphans(out.subspan(n));

@@ -57,9 +57,11 @@ const PeerStats* only_peer(const EngineStats& s) {
 
 class StatsTest : public ::testing::TestWithParam<std::string> {
  protected:
+  // Every submission timed, so that latency counts equal transfer counts.
   EngineConfig config(const std::string& faults = "") {
     EngineConfig c = test::config_for(GetParam());
     c.fault_injection = faults;
+    c.latency_sample_every = 1;
     return c;
   }
 };
@@ -243,6 +245,35 @@ double sum_of(const std::string& text, const std::string& name) {
     if (line.rfind(name + "{", 0) == 0 || line.rfind(name + " ", 0) == 0)
       total += std::stod(line.substr(line.rfind(' ') + 1));
   return total;
+}
+
+// By default one submission in latency_sample_every per thread is timed, the
+// thread's first included; every transfer is still counted.
+TEST_P(StatsTest, LatencyIsTimedForOneSubmissionInNPerThread) {
+  EngineConfig c = config();
+  c.latency_sample_every = 16;
+  TransferEngine e(c);
+  Region src = region(e, kPage, 1), dst = region(e, kPage, 0);
+  ImmCounter writes = e.imm_counter(21), imms = e.imm_counter(22);
+  constexpr uint32_t kWrites = 20, kImms = 20;  // 40 submissions: the 1st, 17th and 33rd timed
+  Tally t;
+  // A thread of its own: the sampling count is per thread.
+  std::thread submitter([&] {
+    for (uint32_t i = 0; i < kWrites; ++i)
+      e.submit_single_write(kPage, 21, src.h, 0, dst.d, 0, t.cb());
+    for (uint32_t i = 0; i < kImms; ++i) e.submit_imm(22, dst.d, OnDone::none());
+  });
+  submitter.join();
+  ASSERT_TRUE(t.wait(kWrites));
+  ASSERT_TRUE(writes.wait(kWrites, 30s).is_ok());
+  ASSERT_TRUE(imms.wait(kImms, 30s).is_ok());
+  EXPECT_TRUE(test::wait_until([&] { return e.stats().transfers_ok() == kWrites + kImms; }, 10s))
+      << e.stats().transfers_ok();
+  const EngineStats s = e.stats();
+  ASSERT_EQ(s.workers.size(), 1u);
+  EXPECT_EQ(s.workers[0].transfer_latency.count, 3u);
+  EXPECT_EQ(s.workers[0].queue_delay.count, 3u);
+  EXPECT_EQ(s.transfers_failed(), 0u);
 }
 
 TEST_P(StatsTest, TheMetricsEndpointServesWhatMovedWhileTrafficRuns) {

@@ -61,7 +61,15 @@ def test_stats_dict_has_the_documented_keys(pair):
     dst = np.zeros(PAGE * 8, dtype=np.uint8)
     _, ddesc = b.register(dst)
     c = b.imm_counter(4)
-    a.submit_paged_writes(PAGE, h, list(range(8)), PAGE, 0, ddesc, list(range(8)), PAGE, 0, imm=4).result(20)
+    # From a thread of its own: a thread's first submission is always timed
+    # (latency_sample_every counts per thread).
+    th = threading.Thread(
+        target=lambda: a.submit_paged_writes(
+            PAGE, h, list(range(8)), PAGE, 0, ddesc, list(range(8)), PAGE, 0, imm=4
+        ).result(20)
+    )
+    th.start()
+    th.join()
     c.wait(8, 20)
     s = a.stats()
     assert s["enabled"] is True
@@ -194,3 +202,32 @@ def test_trace_png_renders_a_trace(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_latency_sample_every_times_one_submission_in_n(kind):
+    # Each engine's submissions come from a thread of their own: the count of
+    # submissions before the next timed one is per thread.
+    for every, timed in ((1, 20), (8, 3)):
+        a = engine_for(kind, latency_sample_every=every)
+        b = engine_for(kind)
+        try:
+            src = np.arange(PAGE, dtype=np.uint8)
+            h, _ = a.register(src)
+            _, ddesc = b.register(np.zeros(PAGE, dtype=np.uint8))
+
+            def writes():
+                for _ in range(20):
+                    a.submit_write(h, 0, PAGE, ddesc, 0).result(20)
+
+            th = threading.Thread(target=writes)
+            th.start()
+            th.join()
+            s = a.stats()
+            assert s["transfers"] == {"ok": 20, "failed": {}}
+            w = s["workers"][0]
+            assert w["transfer_latency"]["count"] == timed and w["queue_delay"]["count"] == timed
+        finally:
+            a.stop()
+            b.stop()
+    with pytest.raises(ferry.InvalidArgument):
+        engine_for(kind, latency_sample_every=0)
