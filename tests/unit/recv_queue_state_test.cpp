@@ -84,7 +84,7 @@ TEST(RecvQueueState, ConcurrentTakersTakeEachItemOnce) {
       std::this_thread::yield();
     if (credits.load() == 0) break;  // past the deadline: the takers stop too
     credits.fetch_sub(1);
-    always_room &= s.q.try_enqueue(s.producer, RecvQueue::State::Item{i % kCount, i});
+    always_room &= s.q.try_enqueue(s.producer, RecvQueue::State::Item{uint32_t(i % kCount), i});
     s.signal.notify();
   }
   for (auto& t : takers) t.join();
