@@ -188,8 +188,13 @@ struct TransferEngine::Impl {
   template <typename Req>
   TransferId submit(core::Worker& w, OnDone on_done, Req&& req,
                     Clock::time_point dl = Clock::time_point::max()) {
+    return submit(w, std::move(on_done), std::forward<Req>(req), submit_time(dl));
+  }
+  // The same with the submission's time taken already (submit_send's wait for
+  // a buffer counts as queueing).
+  template <typename Req>
+  TransferId submit(core::Worker& w, OnDone on_done, Req&& req, const SubmitTime& t) {
     // A submit that waits for admission counts that wait as queueing.
-    const SubmitTime t = submit_time(dl);
     const Clock::time_point deadline_at = t.deadline;
     Status st = w.admit(deadline_at);
     if (!st.is_ok()) throw Error(st);

@@ -33,7 +33,7 @@ TransferId TransferEngine::submit_send(const NetAddr& addr, std::span<const uint
   try {
     if (on_done.empty()) return im.submit_fast_send(*im.workers[0], addr, buf, msg.size(), t);
     return im.submit(*im.workers[0], std::move(on_done),
-                     core::SendReq{im.addrs->intern(addr), buf, msg.size()}, dl);
+                     core::SendReq{im.addrs->intern(addr), buf, msg.size()}, t);
   } catch (...) {
     im.send_free.release(buf);
     throw;
