@@ -144,11 +144,6 @@ struct TransferEngine::Impl {
                               what, d.len, d.ptr));
   }
 
-  Clock::time_point deadline(Clock::time_point now = Clock::now()) const {
-    auto d = shared.config.default_deadline;
-    return d.count() > 0 ? now + d : Clock::time_point{};
-  }
-
   // When a submission was made, for its deadline and the statistics. A
   // precise clock read costs 20-45 ns on the caller's way to the wire, so it
   // is taken only for the statistics' submit time (queueing delay, transfer
