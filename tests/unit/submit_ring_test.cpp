@@ -111,6 +111,34 @@ TEST(SubmitRing, ManyProducersOneConsumerDeliverEachValueOnceInOrder) {
   push_and_take(ring, 4, 200'000, [](int, uint64_t) { return 0; });
 }
 
+// Submitters that claim cells one after another and stall inside them until
+// released, the first at position 0; submitter i fills in first + i.
+class StalledProducers {
+ public:
+  StalledProducers(SubmitRing<int>& ring, int count, int first = 100) : release_(size_t(count)) {
+    for (int i = 0; i < count; ++i) {
+      threads_.emplace_back([this, &ring, i, first] {
+        EXPECT_TRUE(ring.try_emplace([&](int& v) {
+          claimed_.fetch_add(1);
+          while (!release_[size_t(i)].load()) std::this_thread::yield();
+          v = first + i;
+        }));
+      });
+      while (claimed_.load() != i + 1) std::this_thread::yield();
+    }
+  }
+  ~StalledProducers() {
+    for (auto& r : release_) r.store(true);
+    for (auto& t : threads_) t.join();
+  }
+  void release(int i) { release_[size_t(i)].store(true); }
+
+ private:
+  std::atomic<int> claimed_{0};
+  std::vector<std::atomic<bool>> release_;
+  std::vector<std::thread> threads_;
+};
+
 // A producer that claimed a cell and has not filled it yet (preempted, on the
 // worker's ring) holds back nobody: the values published after its cell are
 // taken while it stalls, the oldest position waits at its cell, and once it
@@ -118,15 +146,7 @@ TEST(SubmitRing, ManyProducersOneConsumerDeliverEachValueOnceInOrder) {
 // it. Cells freed that way are used again by the next lap.
 TEST(SubmitRing, ValuesPastACellBeingFilledAreTakenWhileItStalls) {
   SubmitRing<int> ring(8);
-  std::atomic<bool> claimed{false}, release{false};
-  std::thread slow([&] {
-    EXPECT_TRUE(ring.try_emplace([&](int& v) {
-      claimed = true;
-      while (!release.load()) std::this_thread::yield();
-      v = 1;
-    }));
-  });
-  while (!claimed.load()) std::this_thread::yield();
+  StalledProducers slow(ring, 1, 1);
   ASSERT_TRUE(ring.try_push(2));
   ASSERT_TRUE(ring.try_push(3));
   uint64_t pos = 0;
@@ -151,8 +171,7 @@ TEST(SubmitRing, ValuesPastACellBeingFilledAreTakenWhileItStalls) {
   }
   EXPECT_EQ(got, (std::vector<int>{4, 5, 6, 7, 8}));
   EXPECT_EQ(ring.head(), 0u);
-  release = true;
-  slow.join();
+  slow.release(0);
   int* v = nullptr;
   while ((v = ring.next(&pos)) == nullptr) std::this_thread::yield();
   EXPECT_EQ(*v, 1);
@@ -172,34 +191,6 @@ TEST(SubmitRing, ValuesPastACellBeingFilledAreTakenWhileItStalls) {
   }
   EXPECT_EQ(ring.next(&pos), nullptr);
 }
-
-// Submitters that claim cells one after another and stall inside them until
-// released, the first at position 0.
-class StalledProducers {
- public:
-  StalledProducers(SubmitRing<int>& ring, int count) : release_(size_t(count)) {
-    for (int i = 0; i < count; ++i) {
-      threads_.emplace_back([this, &ring, i] {
-        EXPECT_TRUE(ring.try_emplace([&](int& v) {
-          claimed_.fetch_add(1);
-          while (!release_[size_t(i)].load()) std::this_thread::yield();
-          v = 100 + i;
-        }));
-      });
-      while (claimed_.load() != i + 1) std::this_thread::yield();
-    }
-  }
-  ~StalledProducers() {
-    for (auto& r : release_) r.store(true);
-    for (auto& t : threads_) t.join();
-  }
-  void release(int i) { release_[size_t(i)].store(true); }
-
- private:
-  std::atomic<int> claimed_{0};
-  std::vector<std::atomic<bool>> release_;
-  std::vector<std::thread> threads_;
-};
 
 // Several submitters stalled in cells next to each other (one thread each,
 // preempted one after the other) hold back nobody either, up to the ring's
@@ -246,15 +237,7 @@ TEST(SubmitRing, ValuesPastSeveralCellsBeingFilledInARowAreTaken) {
 // included (the worker's shutdown does this).
 TEST(SubmitRing, DrainingToClaimedReachesTheCellBeingFilled) {
   SubmitRing<int> ring(8);
-  std::atomic<bool> claimed{false}, release{false};
-  std::thread slow([&] {
-    EXPECT_TRUE(ring.try_emplace([&](int& v) {
-      claimed = true;
-      while (!release.load()) std::this_thread::yield();
-      v = 1;
-    }));
-  });
-  while (!claimed.load()) std::this_thread::yield();
+  StalledProducers slow(ring, 1, 1);
   ASSERT_TRUE(ring.try_push(2));
   ASSERT_TRUE(ring.try_push(3));
   EXPECT_EQ(ring.claimed(), 3u);
@@ -263,14 +246,13 @@ TEST(SubmitRing, DrainingToClaimedReachesTheCellBeingFilled) {
     uint64_t pos = 0;
     int* v = ring.next(&pos);
     if (v == nullptr) {
-      release = true;
+      slow.release(0);
       std::this_thread::yield();
       continue;
     }
     got.push_back(*v);
     ring.pop(pos);
   }
-  slow.join();
   EXPECT_EQ(got, (std::vector<int>{2, 3, 1}));
   EXPECT_EQ(ring.size_approx(), 0u);
 }
