@@ -40,8 +40,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Prints the p50 and p99 of one round's round trips, in nanoseconds.
+void report(const std::string& what, size_t round, std::vector<double> rt) {
+  std::sort(rt.begin(), rt.end());
+  std::printf("%s round %zu: %zu round trips, p50 %.0f ns, p99 %.0f ns\n", what.c_str(), round,
+              rt.size(), rt[rt.size() / 2], rt[rt.size() * 99 / 100]);
+  std::fflush(stdout);
+}
+
 // Times `iters` round trips of one(), which returns false when one did not
-// come back; prints the p50 and p99. False when a round trip failed.
+// come back, and reports them. False when a round trip failed.
 template <typename One>
 bool time_round(const std::string& what, size_t round, size_t iters, One&& one) {
   std::vector<double> rt(iters);
@@ -54,10 +62,7 @@ bool time_round(const std::string& what, size_t round, size_t iters, One&& one) 
     }
     rt[i] = double(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
   }
-  std::sort(rt.begin(), rt.end());
-  std::printf("%s round %zu: %zu round trips, p50 %.0f ns, p99 %.0f ns\n", what.c_str(), round,
-              iters, rt[rt.size() / 2], rt[rt.size() * 99 / 100]);
-  std::fflush(stdout);
+  report(what, round, std::move(rt));
   return true;
 }
 
@@ -192,9 +197,7 @@ int main(int argc, char** argv) {
       if (ok) {
         std::vector<double> rt(iters);
         for (size_t i = 0; i < iters; ++i) rt[i] = double(at[i + 1] - at[i]);
-        std::sort(rt.begin(), rt.end());
-        std::printf("%s on-worker round %zu: %zu round trips, p50 %.0f ns, p99 %.0f ns\n",
-                    provider.c_str(), r, iters, rt[rt.size() / 2], rt[rt.size() * 99 / 100]);
+        report(provider + " on-worker", r, std::move(rt));
       } else {
         std::fprintf(stderr, "on-worker: %zu of %zu round trips in 30 s\n", seen.load(), iters);
       }
