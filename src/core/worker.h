@@ -43,6 +43,17 @@ class ImmTable;
 
 using Clock = std::chrono::steady_clock;
 
+// An immediate in flight that post_fast_imm posted (worker_fast_imm.cpp).
+struct FastPost {
+  uint32_t gen = 0;
+  bool live = false;      // posted, its completion not seen yet
+  bool reported = false;  // its deadline passed: counted as kDeadlineExceeded
+  const NetAddr* addr = nullptr;
+  PeerId peer = 0;
+  Clock::time_point deadline{};
+  int64_t submit_ns = 0;
+};
+
 // Host buffers used by sends and receives; registered on NIC 0 of group 0.
 struct BufferPool {
   static constexpr std::align_val_t kAlign{64};
@@ -214,6 +225,13 @@ class Worker final : public OpHost {
   void enqueue_plan(uint32_t slot, const ShardPlan& plan);
   // A local write or send completion; false when it belonged to no live transfer.
   bool on_local_done(uint64_t ctx, const Status& st, uint32_t count = 1);
+  // One-line immediates (FastImm) posted at once, without a slot, a plan or a
+  // cursor: worker_fast_imm.cpp. False: the command takes the slot path.
+  bool post_fast_imm(const Command& cmd);
+  bool on_fast_imm_done(uint64_t ctx, const Status& st, uint32_t count);
+  void note_fast_imm_finished(const FastPost& p, const Status& st);
+  void check_fast_imm_deadlines(Clock::time_point now);
+  void cancel_fast_imms();
   void maybe_finish(uint32_t idx);
   void finish(Slot& s, Status st);
   void signal(OnDone on_done, Status st);
@@ -323,8 +341,14 @@ class Worker final : public OpHost {
   uint8_t current_nic_ = 0;   // NIC whose completions are being handled
   Clock::time_point last_deadline_scan_{};
   uint32_t dl_head_ = kNone, dl_tail_ = kNone;
-  uint32_t naps_in_row_ = 0;             // naps since the last useful work: each one longer
-  uint32_t arrivals_ = 0;                // immediates and receives handed up this turn
+  uint32_t naps_in_row_ = 0;  // naps since the last useful work: each one longer
+  uint32_t arrivals_ = 0;     // immediates and receives handed up this turn
+  // post_fast_imm's posts in flight, oldest first: a ring of kFastPosts
+  // entries, [fast_head_, fast_tail_) in positions that only grow (a
+  // position's entry is position % kFastPosts, its generation the rest).
+  static constexpr uint32_t kFastPosts = 1024;
+  std::unique_ptr<FastPost[]> fast_;
+  uint64_t fast_head_ = 0, fast_tail_ = 0;
   uint32_t window_misses_ = 0;           // await_reply windows in a row that saw no submission
   uint32_t skip_windows_ = 0;            // arrival turns left before the next window
   int64_t turn_ns_ = 0;                  // turn_ns(); 0: not read in this turn yet

@@ -202,6 +202,57 @@ TEST_P(StatsTest, AnExpiredDeadlineIsCountedAsDeadlineExceeded) {
   EXPECT_EQ(only_peer(s)->transfers_failed, t.codes["DEADLINE_EXCEEDED"]);
 }
 
+// Immediates with no OnDone to a one-NIC group skip the slot (the worker posts
+// them straight from the command): every one still ends in exactly one
+// outcome, its admission is given back, and a failure is counted by code.
+TEST_P(StatsTest, ImmediatesWithoutOnDoneEndInOneOutcomeEachAndLeaveNothingInFlight) {
+  TransferEngine e(config("seed=13,fail=0.3,eagain=0.2"));
+  Region dst = region(e, kPage, 0);
+  constexpr uint64_t kImms = 200;
+  for (uint64_t i = 0; i < kImms; ++i) e.submit_imm(23, dst.d, OnDone::none());
+  EngineStats s;
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        s = e.stats();
+        return s.transfers_ok() + s.transfers_failed() >= kImms && s.workers[0].in_flight == 0;
+      },
+      60s))
+      << s.transfers_ok() << " ok, " << s.transfers_failed() << " failed, "
+      << s.workers[0].in_flight << " in flight";
+  EXPECT_EQ(s.transfers_ok() + s.transfers_failed(), kImms);
+  // The first injected failure marks the peer failed; later immediates to it
+  // fail at once, before they reach the NIC (and its peer's counters).
+  EXPECT_GT(s.transfers_failed(), 0u) << "fail=0.3 over 200 immediates failed none";
+  EXPECT_EQ(s.writes_completed(), s.writes_posted());
+  ASSERT_NE(only_peer(s), nullptr);
+  EXPECT_EQ(only_peer(s)->transfers_ok, s.transfers_ok());
+}
+
+// Such an immediate past its deadline is reported once, as
+// DEADLINE_EXCEEDED, and its late completion adds no second outcome.
+TEST_P(StatsTest, AnImmediateWithoutOnDonePastItsDeadlineIsCountedOnce) {
+  EngineConfig c = config("seed=5,delay_us=300000");
+  c.default_deadline = 20ms;
+  TransferEngine e(c);
+  Region dst = region(e, kPage, 0);
+  auto counter = e.imm_counter(24);
+  constexpr uint64_t kImms = 10;
+  for (uint64_t i = 0; i < kImms; ++i) e.submit_imm(24, dst.d, OnDone::none());
+  EngineStats s;
+  // Every write completed (after up to 0.3 s), so every outcome is in.
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        s = e.stats();
+        return s.writes_completed() >= kImms && s.workers[0].in_flight == 0;
+      },
+      60s));
+  EXPECT_GT(s.transfers_failed("DEADLINE_EXCEEDED"), 0u);
+  EXPECT_EQ(s.transfers_ok() + s.transfers_failed("DEADLINE_EXCEEDED"), kImms);
+  EXPECT_EQ(s.transfers_failed(), s.transfers_failed("DEADLINE_EXCEEDED"));
+  // The deadline is the sender's bookkeeping: the immediates themselves arrive.
+  EXPECT_TRUE(counter.wait(int64_t(kImms), 30s).is_ok());
+}
+
 // --- metrics endpoint ------------------------------------------------------
 
 // GET http://address/path over a plain socket; the body, or "" on failure.
