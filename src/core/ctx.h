@@ -8,9 +8,9 @@
 
 namespace ferry::core {
 
-// kTagFastImm: an immediate posted without a slot (worker_fast_imm.cpp); its
-// "slot" is a position in the worker's table of such posts.
-enum : uint64_t { kTagWrite = 1, kTagSend = 2, kTagRecv = 3, kTagFastImm = 4 };
+// kTagFast: an immediate or send posted without a slot (worker_fast_posts.cpp);
+// its "slot" is a position in the worker's table of such posts.
+enum : uint64_t { kTagWrite = 1, kTagSend = 2, kTagRecv = 3, kTagFast = 4 };
 
 inline uint64_t make_ctx(uint64_t tag, uint32_t gen, uint32_t idx) {
   return tag << 56 | uint64_t(gen & 0xFFFFFF) << 32 | idx;

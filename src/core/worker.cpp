@@ -383,7 +383,7 @@ void Worker::run(std::promise<Status>* init) {
     auto& s = slots_[i];
     if (s.active && !s.finished) finish(s, Status(Code::kCancelled, "engine stopped"));
   }
-  cancel_fast_imms();
+  cancel_fast_posts();
   groups_.clear();
   hooks_.clear();  // their callbacks may hold engine state: let go here, on this thread
   // Unregistered regions still held elsewhere (a PreparedTransfer) close

@@ -43,8 +43,9 @@ class ImmTable;
 
 using Clock = std::chrono::steady_clock;
 
-// An immediate in flight that post_fast_imm posted (worker_fast_imm.cpp).
+// An immediate or send in flight that post_fast posted (worker_fast_posts.cpp).
 struct FastPost {
+  static constexpr uint32_t kNoBuffer = UINT32_MAX;
   uint32_t gen = 0;
   bool live = false;      // posted, its completion not seen yet
   bool reported = false;  // its deadline passed: counted as kDeadlineExceeded
@@ -52,6 +53,8 @@ struct FastPost {
   PeerId peer = 0;
   Clock::time_point deadline{};
   int64_t submit_ns = 0;
+  uint64_t bytes = 0;
+  uint32_t buffer = kNoBuffer;  // a send's buffer, released at its completion
 };
 
 // Host buffers used by sends and receives; registered on NIC 0 of group 0.
@@ -225,13 +228,14 @@ class Worker final : public OpHost {
   void enqueue_plan(uint32_t slot, const ShardPlan& plan);
   // A local write or send completion; false when it belonged to no live transfer.
   bool on_local_done(uint64_t ctx, const Status& st, uint32_t count = 1);
-  // One-line immediates (FastImm) posted at once, without a slot, a plan or a
-  // cursor: worker_fast_imm.cpp. False: the command takes the slot path.
-  bool post_fast_imm(const Command& cmd);
-  bool on_fast_imm_done(uint64_t ctx, const Status& st, uint32_t count);
-  void note_fast_imm_finished(const FastPost& p, const Status& st);
-  void check_fast_imm_deadlines(Clock::time_point now);
-  void cancel_fast_imms();
+  // One-line immediates and sends (FastImm, FastSend) posted at once, without
+  // a slot, a plan or a cursor: worker_fast_posts.cpp. False: the command
+  // takes the slot path.
+  bool post_fast(const Command& cmd);
+  bool on_fast_done(uint64_t ctx, const Status& st, uint32_t count);
+  void note_fast_finished(const FastPost& p, const Status& st);
+  void check_fast_deadlines(Clock::time_point now);
+  void cancel_fast_posts();
   void maybe_finish(uint32_t idx);
   void finish(Slot& s, Status st);
   void signal(OnDone on_done, Status st);
@@ -343,7 +347,7 @@ class Worker final : public OpHost {
   uint32_t dl_head_ = kNone, dl_tail_ = kNone;
   uint32_t naps_in_row_ = 0;  // naps since the last useful work: each one longer
   uint32_t arrivals_ = 0;     // immediates and receives handed up this turn
-  // post_fast_imm's posts in flight, oldest first: a ring of kFastPosts
+  // post_fast's posts in flight, oldest first: a ring of kFastPosts
   // entries, [fast_head_, fast_tail_) in positions that only grow (a
   // position's entry is position % kFastPosts, its generation the rest).
   static constexpr uint32_t kFastPosts = 1024;

@@ -27,7 +27,8 @@ uint32_t Worker::alloc_slot() {
 }
 
 void Worker::start_transfer(Command& cmd) {
-  if (cmd.fast.kind() == FastKind::kImm && post_fast_imm(cmd)) return;
+  if ((cmd.fast.kind() == FastKind::kImm || cmd.fast.kind() == FastKind::kSend) && post_fast(cmd))
+    return;
   uint32_t idx = alloc_slot();
   Slot& s = slots_[idx];
   s.gen = (s.gen + 1) & 0xFFFFFF;
@@ -194,8 +195,8 @@ bool Worker::poll_completions() {
         case Completion::Kind::kSend:
           // Only a completion of a live transfer releases a posting credit:
           // a stale duplicate must not let the NIC be over-filled.
-          if (ctx_tag(c.ctx) == kTagFastImm ? on_fast_imm_done(c.ctx, c.status, c.count)
-                                            : on_local_done(c.ctx, c.status, c.count))
+          if (ctx_tag(c.ctx) == kTagFast ? on_fast_done(c.ctx, c.status, c.count)
+                                         : on_local_done(c.ctx, c.status, c.count))
             nic.outstanding -= std::min<uint64_t>(nic.outstanding, c.count);
           break;
         case Completion::Kind::kRecv:
@@ -297,7 +298,7 @@ void Worker::check_deadlines() {
   if (!retired_.empty())
     std::erase_if(retired_, [](const RegRef& r) { return r.use_count() == 1; });
   const auto now = Clock::now();
-  if (fast_head_ < fast_tail_) check_fast_imm_deadlines(now);
+  if (fast_head_ < fast_tail_) check_fast_deadlines(now);
   while (dl_head_ != kNone && slots_[dl_head_].deadline <= now) {
     const uint32_t i = dl_head_;
     Slot& s = slots_[i];

@@ -8,8 +8,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -251,6 +253,49 @@ TEST_P(StatsTest, AnImmediateWithoutOnDonePastItsDeadlineIsCountedOnce) {
   EXPECT_EQ(s.transfers_failed(), s.transfers_failed("DEADLINE_EXCEEDED"));
   // The deadline is the sender's bookkeeping: the immediates themselves arrive.
   EXPECT_TRUE(counter.wait(int64_t(kImms), 30s).is_ok());
+}
+
+// Sends with no OnDone take the same short way: each message arrives once and
+// intact, and each send buffer comes back at its completion (the pool holds
+// an eighth of the messages sent, so the later sends need the earlier ones'
+// buffers).
+TEST_P(StatsTest, SendsWithoutOnDoneArriveOnceAndGiveTheirBuffersBack) {
+  EngineConfig c = config("seed=17,eagain=0.2");
+  c.send_buffer_count = 25;
+  TransferEngine e(c);
+  constexpr uint64_t kMsgs = 200, kLen = 48;
+  std::vector<std::atomic<uint32_t>> seen(kMsgs);
+  std::atomic<uint64_t> arrived{0}, bad{0};
+  e.submit_recvs(kLen, 64, [&](std::span<const uint8_t> m) {
+    uint64_t i = kMsgs;
+    if (m.size() == kLen) std::memcpy(&i, m.data(), sizeof i);
+    if (i < kMsgs && test::check_pattern(m.data() + 8, kLen - 8, i) < 0)
+      seen[i].fetch_add(1);
+    else
+      bad.fetch_add(1);
+    arrived.fetch_add(1);
+  });
+  const NetAddr me = e.main_address();
+  for (uint64_t i = 0; i < kMsgs; ++i) {
+    std::array<uint8_t, kLen> msg;
+    std::memcpy(msg.data(), &i, sizeof i);
+    test::fill_pattern(msg.data() + 8, kLen - 8, i);
+    e.submit_send(me, msg, OnDone::none());
+  }
+  EngineStats s;
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        s = e.stats();
+        return arrived.load() >= kMsgs && s.transfers_ok() >= kMsgs && s.workers[0].in_flight == 0;
+      },
+      60s))
+      << arrived.load() << " arrived, " << s.transfers_ok() << " ok";
+  EXPECT_EQ(bad.load(), 0u);
+  for (uint64_t i = 0; i < kMsgs; ++i) EXPECT_EQ(seen[i].load(), 1u) << "message " << i;
+  EXPECT_EQ(s.transfers_ok(), kMsgs);
+  EXPECT_EQ(s.transfers_failed(), 0u);
+  EXPECT_EQ(s.bytes_posted(), kMsgs * kLen);
+  EXPECT_EQ(s.bytes_completed(), kMsgs * kLen);
 }
 
 // --- metrics endpoint ------------------------------------------------------

@@ -1,0 +1,130 @@
+// Immediates and sends with no OnDone (FastImm, FastSend: the one-line
+// commands of submit_imm and submit_send) posted as soon as the worker picks
+// them up: one post straight from the command, no slot, plan or cursor. Such
+// a request is one write or send that nobody waits for, so what a slot would
+// give it (sharding, an OnDone, a place in a NIC's turn-taking) has nothing to
+// do; on the 2-core machine the slot path cost more than the post itself.
+// Whatever is not the plain case takes the slot path: tracing on, posts
+// queued for the NIC, the NIC full, a peer that failed, an address to check,
+// a post the NIC refuses.
+//
+// What the slot path keeps, this keeps too: admission lasts until the post's
+// completion, a completion releases one posting credit once (a send, its
+// buffer too), a failure with kUnavailable marks the peer failed, and the
+// deadline is counted as DEADLINE_EXCEEDED once (nobody waits for it) while
+// the post stays in flight.
+#include "core/ctx.h"
+#include "core/worker.h"
+
+namespace ferry::core {
+
+bool Worker::post_fast(const Command& cmd) {
+  // Immediates of FastImm go to a group of one NIC; sends always use NIC 0.
+  Nic& nic = nics_[0];
+  if (trace_ || !nic.pending.empty() || nic.outstanding >= infos_[0].max_outstanding ||
+      fast_tail_ - fast_head_ >= kFastPosts)
+    return false;
+  const bool send = cmd.fast.kind() == FastKind::kSend;
+  const NetAddr* addr = send ? cmd.fast.send.addr : cmd.fast.imm.addr;
+  Status err;
+  const PeerId peer = resolve(0, *addr, &err);
+  if (!err.is_ok()) return false;  // the slot path fails it with this error
+  if (!fast_) fast_ = std::make_unique<FastPost[]>(kFastPosts);
+  const uint64_t pos = fast_tail_;
+  const uint32_t idx = uint32_t(pos % kFastPosts);
+  const uint32_t gen = uint32_t(pos / kFastPosts) & 0xFFFFFF;
+  const uint64_t ctx = make_ctx(kTagFast, gen, idx);
+  PostResult r;
+  uint64_t bytes = 0;
+  uint32_t buffer = FastPost::kNoBuffer;
+  if (send) {
+    const FastSend& f = cmd.fast.send;
+    r = nic.domain->post_send(peer, send_pool->buffer(f.buffer), f.len,
+                              send_pool->reg->local_desc[0], ctx);
+    bytes = f.len;
+    buffer = f.buffer;
+  } else {
+    const FastImm& f = cmd.fast.imm;
+    const Registration& src = **send_reg;
+    WriteDesc& w = post_batch_[0];
+    w.ctx = ctx;
+    w.has_imm = true;
+    w.imm = f.imm;
+    w.local_desc = src.local_desc[0];
+    w.len = 0;
+    w.src = src.ptr;
+    w.peer = peer;
+    w.remote_addr = f.base;
+    w.rkey = f.rkey;
+    r = nic.domain->post_writes(std::span<WriteDesc>(post_batch_).first(1));
+  }
+  if (r.posted != 1) return false;  // refused or full: the slot path retries or fails it
+  fast_[idx] = FastPost{gen, true, false, addr, peer, cmd.deadline, cmd.submit_ns, bytes, buffer};
+  ++fast_tail_;
+  ++nic.outstanding;
+  if constexpr (kStatsEnabled) {
+    if (cmd.submit_ns != 0) {
+      if (picked_up_n_ < picked_up_.size())
+        picked_up_[picked_up_n_++] = cmd.submit_ns;
+      else
+        stats_.queue_delay.record(uint64_t(std::max<int64_t>(0, turn_ns() - cmd.submit_ns)));
+    }
+    if (PeerCounters* p = stats_.peer(0, peer)) {
+      (send ? p->sends_posted : p->writes_posted).add();
+      p->bytes_posted.add(bytes);
+    }
+  }
+  return true;
+}
+
+bool Worker::on_fast_done(uint64_t ctx, const Status& st, uint32_t count) {
+  const uint32_t idx = ctx_idx(ctx);
+  if (!fast_ || idx >= kFastPosts) return false;
+  FastPost& p = fast_[idx];
+  if (!p.live || p.gen != ctx_gen(ctx)) return false;  // not one of ours, or seen already
+  note_local_done(st, count);
+  p.live = false;
+  if (p.buffer != FastPost::kNoBuffer) send_free->release(p.buffer);
+  if (!st.is_ok() && st.code() == Code::kUnavailable) mark_dead(*p.addr, st);
+  if (!p.reported) note_fast_finished(p, st);
+  release_admission();
+  while (fast_head_ < fast_tail_ && !fast_[fast_head_ % kFastPosts].live) ++fast_head_;
+  return true;
+}
+
+void Worker::note_fast_finished(const FastPost& p, const Status& st) {
+  if constexpr (!kStatsEnabled) return;
+  stats_.outcomes[size_t(st.code()) < kCodeCount ? size_t(st.code()) : size_t(Code::kInternal)]
+      .add();
+  if (p.submit_ns != 0)
+    stats_.transfer_latency.record(uint64_t(std::max<int64_t>(0, turn_ns() - p.submit_ns)));
+  if (st.is_ok()) stats_.nic[0].bytes_completed.add(p.bytes);
+  if (PeerCounters* c = stats_.peer(0, p.peer)) {
+    if (st.is_ok()) c->bytes_ok.add(p.bytes);
+    (st.is_ok() ? c->transfers_ok : c->transfers_failed).add();
+  }
+}
+
+// Deadlines come from one default (EngineConfig::default_deadline) in the
+// order the posts were made, up to the coarse clock's tick: the oldest posts
+// are the first to expire, so the scan stops at the first one that has not.
+void Worker::check_fast_deadlines(Clock::time_point now) {
+  for (uint64_t pos = fast_head_; pos < fast_tail_; ++pos) {
+    FastPost& p = fast_[pos % kFastPosts];
+    if (!p.live || p.reported) continue;
+    if (p.deadline == Clock::time_point{} || p.deadline > now) break;
+    p.reported = true;
+    note_fast_finished(p, Status(Code::kDeadlineExceeded, "passed its deadline"));
+  }
+}
+
+void Worker::cancel_fast_posts() {
+  for (uint64_t pos = fast_head_; pos < fast_tail_; ++pos) {
+    FastPost& p = fast_[pos % kFastPosts];
+    if (p.live && !p.reported) note_fast_finished(p, Status(Code::kCancelled, "engine stopped"));
+    p.live = false;
+  }
+  fast_head_ = fast_tail_;
+}
+
+}  // namespace ferry::core
