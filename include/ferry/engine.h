@@ -133,7 +133,8 @@ struct EngineConfig {
   // in this many per submitting thread, the first included, and for every one
   // while tracing: the precise clock read it takes costs 20-45 ns on the way
   // to the wire. 0 or 1 = every submission. Counts of transfers are exact
-  // either way.
+  // either way. ImmCounter::wait (EngineStats::counter_wait) is timed for one
+  // wait in this many per waiting thread, the same way.
   uint32_t latency_sample_every = 16;
 };
 

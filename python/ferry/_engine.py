@@ -129,7 +129,8 @@ class TransferEngine(_Observability):
         latency_sample_every: the statistics time the latency and queueing delay of one
             submission in this many per submitting thread (the first included), and of every
             one while tracing: a precise clock read is on the way to the wire. 1: every
-            submission. Transfer counts are exact either way.
+            submission. Transfer counts are exact either way. Counter waits
+            (``counter_wait``) are timed for one wait in this many per waiting thread.
 
     Use it as a context manager, or call stop(): ``with TransferEngine(...) as e: ...``.
     Callbacks (on_done, receive, immediates) run on the engine's callback thread with the

@@ -38,21 +38,40 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout, WaitMode mo
   if (!s_) return Status(Code::kFailedPrecondition, "ImmCounter::wait on an empty counter");
   if (n < 0) return Status(Code::kInvalidArgument, "ImmCounter::wait: negative count");
   const auto now = std::chrono::steady_clock::now();
-  // Every return below records the wait's length: call to the arrival that
-  // satisfied it, as the counting worker timed that arrival (no clock read on
-  // the way out, which is on the waiter's way to its next submit), or to the
-  // return when no arrival time is known (a timeout, a cancel).
+  // A timed wait records its length at every return below: call to the
+  // arrival that satisfied it, as the counting worker timed that arrival (no
+  // clock read on the way out, which is on the waiter's way to its next
+  // submit), or to the return when no arrival time is known (a timeout, a
+  // cancel, arrivals counted before this wait began). One wait in
+  // sample_every per thread is timed, and the workers time arrivals only
+  // while a timed wait is in progress on the counter.
+  static thread_local uint32_t t_until_timed = 0;
+  bool time_it = false;
+  if (core::kStatsEnabled && s_->waits) {
+    if (t_until_timed == 0) {
+      time_it = true;
+      t_until_timed = s_->sample_every > 1 ? s_->sample_every - 1 : 0;
+    } else {
+      --t_until_timed;
+    }
+  }
   struct Timed {
     ImmCounter::State* s;
     int64_t t0;
     bool arrived = false;
+    Timed(ImmCounter::State* state, int64_t start) : s(state), t0(start) {
+      if (s) s->timed_waiters.fetch_add(1, std::memory_order_seq_cst);
+    }
     ~Timed() {
       if (!s) return;
       const int64_t at = arrived ? s->last_arrival_ns.load(std::memory_order_relaxed) : 0;
       const int64_t end = at != 0 ? std::max(at, t0) : core::now_ns();
+      s->timed_waiters.fetch_sub(1, std::memory_order_relaxed);
       s->waits->record_shared(uint64_t(end - t0));
     }
-  } timed{core::kStatsEnabled && s_->waits ? s_.get() : nullptr, core::ns_of(now)};
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+  } timed{time_it ? s_.get() : nullptr, core::ns_of(now)};
   const core::WaitEnd end = core::wait_arrival(
       s_->signal, [&] { return consume(*s_, n); }, [&] { return s_->help && s_->help->try_help(); },
       core::deadline_after(now, timeout), mode == WaitMode::kSpin);
@@ -128,6 +147,7 @@ ImmCounter ImmTable::counter(uint32_t imm) {
     e = Entry{std::make_shared<ImmCounter::State>(), nullptr, nullptr};
     e.counter->waits = waits_;
     e.counter->help = help_;
+    e.counter->sample_every = wait_sample_every_;
   }
   return ImmCounter(e.counter);
 }
@@ -163,7 +183,7 @@ void ImmTable::add_plain_callback(ImmCallback cb) {
   plain_ = std::move(next);
 }
 
-void ImmTable::on_arrival(uint32_t imm, uint32_t n, int64_t now_ns) {
+void ImmTable::on_arrival(uint32_t imm, uint32_t n, const ArrivalClock& clock) {
   if (n == 0) return;
   std::shared_lock lk(mu_);
   auto it = map_.find(imm);
@@ -178,11 +198,13 @@ void ImmTable::on_arrival(uint32_t imm, uint32_t n, int64_t now_ns) {
       dropped_plain_.fetch_add(n, std::memory_order_relaxed);
       return;
     }
-    callbacks_->push(PlainImmEvent{imm, n}, now_ns);
+    callbacks_->push(PlainImmEvent{imm, n}, clock.now());
     return;
   }
-  if (it->second.counter) {
-    it->second.counter->add(n, core::kStatsEnabled ? now_ns : 0);
+  if (auto& c = it->second.counter) {
+    const bool timed = core::kStatsEnabled &&
+                       (clock.known() || c->timed_waiters.load(std::memory_order_relaxed) > 0);
+    c->add(n, timed ? clock.now() : 0);
     return;
   }
   if (auto& g = it->second.gpu) {
@@ -220,7 +242,7 @@ void ImmTable::on_arrival(uint32_t imm, uint32_t n, int64_t now_ns) {
     return;
   }
   if (fires > 0 && ex->pending.fetch_add(fires, std::memory_order_acq_rel) == 0)
-    callbacks_->push(ImmCountEvent{ex}, now_ns);
+    callbacks_->push(ImmCountEvent{ex}, clock.now());
 }
 
 void ImmTable::run_inline(ExpectedCount& e, uint64_t fires) {

@@ -269,6 +269,7 @@ class Worker final : public OpHost {
     return turn_ns_;
   }
   void begin_turn() { turn_ns_ = 0; }
+  static int64_t turn_ns_of(void* worker) { return static_cast<Worker*>(worker)->turn_ns(); }
   // Records the queue delays of the commands picked up in this turn, at the
   // turn's end: the clock is then read after their posts, not before.
   void end_turn();

@@ -65,6 +65,7 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   im.shared.config = config;
   im.shared.incarnation = random_incarnation();
   im.imms = std::make_unique<core::ImmTable>(nullptr);
+  im.imms->set_wait_sample_every(config.latency_sample_every);
   im.callbacks = std::make_unique<core::CallbackThread>(im.imms.get(), config.callback_cpu,
                                                         config.poll_mode == PollMode::kBusy);
   im.imms->set_callbacks(im.callbacks.get());

@@ -106,6 +106,32 @@ TEST(ImmCounter, WaitLengthEndsAtTheArrivalTheWorkerTimed) {
   EXPECT_EQ(waits, 4u);
 }
 
+// One wait in N per thread is timed (the thread's first included), and the
+// counting worker reads its clock for an arrival only while a timed wait is in
+// progress on that counter: here nobody waits, so it is never read.
+TEST(ImmCounter, OneWaitInNIsTimedAndUnwatchedArrivalsReadNoClock) {
+  if (!kStatsEnabled) GTEST_SKIP() << "statistics compiled out (FERRY_STATS=OFF)";
+  ImmTable t(nullptr);
+  t.set_wait_sample_every(4);
+  auto c = t.counter(1);
+  int reads = 0;
+  auto read = [](void* n) {
+    ++*static_cast<int*>(n);
+    return now_ns();
+  };
+  // A thread of its own: the countdown of waits to the next timed one is per thread.
+  std::thread([&] {
+    for (int i = 0; i < 9; ++i) {
+      t.on_arrival(1, 1, ArrivalClock(read, &reads));
+      ASSERT_TRUE(c.wait(1, 1s).is_ok());
+    }
+  }).join();
+  EXPECT_EQ(reads, 0);
+  uint64_t waits = 0;
+  for (int i = 0; i < StatHistogram::kBuckets; ++i) waits += t.counter_waits().bucket(i);
+  EXPECT_EQ(waits, 3u);  // waits 1, 5 and 9
+}
+
 TEST(ImmTable, ExpectedCountFiresExactlyOncePerCountAcrossThreads) {
   ImmTable t(nullptr);
   CallbackThread cb(&t, -1);
