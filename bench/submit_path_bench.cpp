@@ -26,6 +26,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/calls_in_progress.h"
 #include "core/domain.h"
 #include "core/sharding.h"
 #include "ferry/ferry.h"
@@ -274,6 +275,33 @@ BENCHMARK(BM_EngineSingles)
     ->Args({1144, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+
+// The guard every public call takes (TransferEngine's Entered): count in,
+// read the stopped flag, count out. One engine-wide counter against the
+// per-thread shards of core::CallsInProgress, with 1 and 2 threads calling
+// at once; on 2 threads the single counter's line moves between the cores
+// twice per call.
+std::atomic<bool> g_stopped{false};
+
+void BM_CallGuardOneCounter(benchmark::State& state) {
+  static std::atomic<int64_t> calls{0};
+  for (auto _ : state) {
+    calls.fetch_add(1, std::memory_order_seq_cst);
+    benchmark::DoNotOptimize(g_stopped.load(std::memory_order_seq_cst));
+    calls.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+BENCHMARK(BM_CallGuardOneCounter)->Threads(1)->Threads(2)->UseRealTime();
+
+void BM_CallGuardSharded(benchmark::State& state) {
+  static ferry::core::CallsInProgress calls;
+  for (auto _ : state) {
+    const size_t shard = calls.enter();
+    benchmark::DoNotOptimize(g_stopped.load(std::memory_order_seq_cst));
+    calls.leave(shard);
+  }
+}
+BENCHMARK(BM_CallGuardSharded)->Threads(1)->Threads(2)->UseRealTime();
 
 }  // namespace
 

@@ -187,7 +187,7 @@ void TransferEngine::stop() {
   // worker goes away.
   for (auto& w : im.workers) w->close_admission();
   im.send_free.close();
-  while (im.api_calls.load(std::memory_order_seq_cst) > 0) std::this_thread::yield();
+  while (im.api_calls.any()) std::this_thread::yield();
   im.gpu.stop();                  // watcher callbacks may submit: stop them while the workers run
   if (im.help) im.help->close();  // no waiter polls a worker from here on
   // Takers on empty receive queues return kCancelled; released messages give
@@ -413,9 +413,12 @@ void TransferEngine::trace_span(std::string_view name, int64_t start_ns, int64_t
                                 std::string_view track) {
   auto& im = *impl_;
   // Like enter(), but a span after stop is dropped rather than an error.
-  im.api_calls.fetch_add(1, std::memory_order_seq_cst);
+  struct Counted {
+    core::CallsInProgress& calls;
+    size_t shard;
+    ~Counted() { calls.leave(shard); }
+  } counted{im.api_calls, im.api_calls.enter()};
   if (!im.stopped.load(std::memory_order_seq_cst)) im.obs.span(name, start_ns, end_ns, track);
-  im.api_calls.fetch_sub(1, std::memory_order_seq_cst);
 }
 void TransferEngine::trace_instant(std::string_view name, int64_t at_ns, std::string_view track) {
   trace_span(name, at_ns, at_ns, track);

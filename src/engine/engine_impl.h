@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "core/callback_thread.h"
+#include "core/calls_in_progress.h"
 #include "core/coarse_clock.h"
 #include "core/imm_table.h"
 #include "core/log.h"
@@ -79,25 +80,25 @@ struct TransferEngine::Impl {
   std::vector<std::thread::id> own_threads;
   // API calls in progress: stop() waits for them before it stops the
   // workers, so no call can touch a worker that stop() is tearing down.
-  std::atomic<int64_t> api_calls{0};
+  core::CallsInProgress api_calls;
   std::mutex stop_mu;
 
   // Held for the length of every public call.
   class Entered {
    public:
-    explicit Entered(Impl& im) : im_(im) {
-      im_.api_calls.fetch_add(1, std::memory_order_seq_cst);
+    explicit Entered(Impl& im) : im_(im), shard_(im.api_calls.enter()) {
       if (im_.stopped.load(std::memory_order_seq_cst)) {
-        im_.api_calls.fetch_sub(1, std::memory_order_seq_cst);
+        im_.api_calls.leave(shard_);
         throw Error(Code::kFailedPrecondition, "the transfer engine is stopped");
       }
     }
-    ~Entered() { im_.api_calls.fetch_sub(1, std::memory_order_seq_cst); }
+    ~Entered() { im_.api_calls.leave(shard_); }
     Entered(const Entered&) = delete;
     Entered& operator=(const Entered&) = delete;
 
    private:
     Impl& im_;
+    size_t shard_;
   };
   Entered enter() { return Entered(*this); }
 
