@@ -286,6 +286,7 @@ void Worker::run(std::promise<Status>* init) {
   }
   free_slots_.reserve(slots_.size());
   for (uint32_t i = slots_.size(); i-- > 0;) free_slots_.push_back(i);
+  fast_ = std::make_unique<FastPost[]>(kFastPosts);
   if (!shared_->config.trace_file.empty())
     trace_ = std::make_unique<TraceRing>(shared_->config.trace_events);
   Status st = open_nics();

@@ -21,7 +21,7 @@ namespace ferry::core {
 bool Worker::post_fast(const Command& cmd) {
   // Immediates of FastImm go to a group of one NIC; sends always use NIC 0.
   Nic& nic = nics_[0];
-  if (trace_ || !nic.pending.empty() || nic.outstanding >= infos_[0].max_outstanding ||
+  if (!fast_ || trace_ || !nic.pending.empty() || nic.outstanding >= infos_[0].max_outstanding ||
       fast_tail_ - fast_head_ >= kFastPosts)
     return false;
   const bool send = cmd.fast.kind() == FastKind::kSend;
@@ -29,7 +29,6 @@ bool Worker::post_fast(const Command& cmd) {
   Status err;
   const PeerId peer = resolve(0, *addr, &err);
   if (!err.is_ok()) return false;  // the slot path fails it with this error
-  if (!fast_) fast_ = std::make_unique<FastPost[]>(kFastPosts);
   const uint64_t pos = fast_tail_;
   const uint32_t idx = uint32_t(pos % kFastPosts);
   const uint32_t gen = uint32_t(pos / kFastPosts) & 0xFFFFFF;
