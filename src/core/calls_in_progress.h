@@ -22,6 +22,19 @@ class CallsInProgress {
  public:
   static constexpr size_t kShards = 16;
 
+  // A call counted from construction to destruction.
+  class Counted {
+   public:
+    explicit Counted(CallsInProgress& calls) : calls_(calls), shard_(calls.enter()) {}
+    ~Counted() { calls_.leave(shard_); }
+    Counted(const Counted&) = delete;
+    Counted& operator=(const Counted&) = delete;
+
+   private:
+    CallsInProgress& calls_;
+    size_t shard_;
+  };
+
   // The shard the caller counted itself in; leave() takes it back.
   size_t enter() {
     const size_t i = my_shard();

@@ -255,6 +255,10 @@ class Worker final : public OpHost {
   static void deliver_recv(void* self, uint32_t pool, uint32_t buffer, uint64_t len);
   // Statistics and timeline hooks: worker_stats.cpp.
   void note_started(Slot& s, const Command& cmd);
+  // A request taken up this turn: its queue delay (submit_ns 0: not timed).
+  void note_picked_up(int64_t submit_ns);
+  // A request's outcome, and its latency to `now` when it was timed.
+  void note_outcome(const Status& st, int64_t submit_ns, int64_t now);
   void note_posted(Slot& s, uint8_t nic, const PostStep& step, const WriteDesc* batch);
   void note_completion(uint8_t nic, const Completion& c);  // immediates, receives
   void note_local_done(const Status& st, uint32_t count);  // on current_nic_

@@ -61,13 +61,8 @@ bool Worker::post_fast(const Command& cmd) {
   fast_[idx] = FastPost{gen, true, false, addr, peer, cmd.deadline, cmd.submit_ns, bytes, buffer};
   ++fast_tail_;
   ++nic.outstanding;
+  note_picked_up(cmd.submit_ns);
   if constexpr (kStatsEnabled) {
-    if (cmd.submit_ns != 0) {
-      if (picked_up_n_ < picked_up_.size())
-        picked_up_[picked_up_n_++] = cmd.submit_ns;
-      else
-        stats_.queue_delay.record(uint64_t(std::max<int64_t>(0, turn_ns() - cmd.submit_ns)));
-    }
     if (PeerCounters* p = stats_.peer(0, peer)) {
       (send ? p->sends_posted : p->writes_posted).add();
       p->bytes_posted.add(bytes);
@@ -93,10 +88,7 @@ bool Worker::on_fast_done(uint64_t ctx, const Status& st, uint32_t count) {
 
 void Worker::note_fast_finished(const FastPost& p, const Status& st) {
   if constexpr (!kStatsEnabled) return;
-  stats_.outcomes[size_t(st.code()) < kCodeCount ? size_t(st.code()) : size_t(Code::kInternal)]
-      .add();
-  if (p.submit_ns != 0)
-    stats_.transfer_latency.record(uint64_t(std::max<int64_t>(0, turn_ns() - p.submit_ns)));
+  note_outcome(st, p.submit_ns, p.submit_ns != 0 ? turn_ns() : 0);
   if (st.is_ok()) stats_.nic[0].bytes_completed.add(p.bytes);
   if (PeerCounters* c = stats_.peer(0, p.peer)) {
     if (st.is_ok()) c->bytes_ok.add(p.bytes);

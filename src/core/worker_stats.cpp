@@ -13,14 +13,25 @@ void Worker::note_started(Slot& s, const Command& cmd) {
   s.first_post_ns = 0;
   s.submit_ns = cmd.submit_ns;
   s.picked_ns = trace_ ? now_ns() : 0;
-  if constexpr (kStatsEnabled) {
-    if (cmd.submit_ns == 0) return;
-    if (picked_up_n_ < picked_up_.size()) {
-      picked_up_[picked_up_n_++] = cmd.submit_ns;
-    } else {
-      stats_.queue_delay.record(uint64_t(std::max<int64_t>(0, turn_ns() - cmd.submit_ns)));
-    }
+  note_picked_up(cmd.submit_ns);
+}
+
+void Worker::note_picked_up(int64_t submit_ns) {
+  if constexpr (!kStatsEnabled) return;
+  if (submit_ns == 0) return;
+  if (picked_up_n_ < picked_up_.size()) {
+    picked_up_[picked_up_n_++] = submit_ns;
+  } else {
+    stats_.queue_delay.record(uint64_t(std::max<int64_t>(0, turn_ns() - submit_ns)));
   }
+}
+
+void Worker::note_outcome(const Status& st, int64_t submit_ns, int64_t now) {
+  if constexpr (!kStatsEnabled) return;
+  stats_.outcomes[size_t(st.code()) < kCodeCount ? size_t(st.code()) : size_t(Code::kInternal)]
+      .add();
+  if (submit_ns != 0)
+    stats_.transfer_latency.record(uint64_t(std::max<int64_t>(0, now - submit_ns)));
 }
 
 void Worker::end_turn() {
@@ -107,11 +118,8 @@ void Worker::note_local_done(const Status& st, uint32_t count) {
 
 void Worker::note_finished(const Slot& s, const Status& st) {
   if constexpr (!kStatsEnabled) return;
-  stats_.outcomes[size_t(st.code()) < kCodeCount ? size_t(st.code()) : size_t(Code::kInternal)]
-      .add();
   const int64_t now = s.submit_ns != 0 || trace_ ? turn_ns() : 0;
-  if (s.submit_ns != 0)
-    stats_.transfer_latency.record(uint64_t(std::max<int64_t>(0, now - s.submit_ns)));
+  note_outcome(st, s.submit_ns, now);
   if (st.is_ok())
     for (uint8_t k = 0; k < nics_.size(); ++k) stats_.nic[k].bytes_completed.add(s.stat_bytes[k]);
   if (s.stat_p2p) {

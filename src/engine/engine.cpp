@@ -413,11 +413,7 @@ void TransferEngine::trace_span(std::string_view name, int64_t start_ns, int64_t
                                 std::string_view track) {
   auto& im = *impl_;
   // Like enter(), but a span after stop is dropped rather than an error.
-  struct Counted {
-    core::CallsInProgress& calls;
-    size_t shard;
-    ~Counted() { calls.leave(shard); }
-  } counted{im.api_calls, im.api_calls.enter()};
+  const core::CallsInProgress::Counted counted(im.api_calls);
   if (!im.stopped.load(std::memory_order_seq_cst)) im.obs.span(name, start_ns, end_ns, track);
 }
 void TransferEngine::trace_instant(std::string_view name, int64_t at_ns, std::string_view track) {

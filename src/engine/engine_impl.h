@@ -86,19 +86,17 @@ struct TransferEngine::Impl {
   // Held for the length of every public call.
   class Entered {
    public:
-    explicit Entered(Impl& im) : im_(im), shard_(im.api_calls.enter()) {
-      if (im_.stopped.load(std::memory_order_seq_cst)) {
-        im_.api_calls.leave(shard_);
+    // Counted before the flag is read; a throw below leaves again (the
+    // member's destructor runs).
+    explicit Entered(Impl& im) : counted_(im.api_calls) {
+      if (im.stopped.load(std::memory_order_seq_cst))
         throw Error(Code::kFailedPrecondition, "the transfer engine is stopped");
-      }
     }
-    ~Entered() { im_.api_calls.leave(shard_); }
     Entered(const Entered&) = delete;
     Entered& operator=(const Entered&) = delete;
 
    private:
-    Impl& im_;
-    size_t shard_;
+    core::CallsInProgress::Counted counted_;
   };
   Entered enter() { return Entered(*this); }
 
