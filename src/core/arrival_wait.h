@@ -52,11 +52,12 @@ inline std::chrono::steady_clock::time_point deadline_after(
 }
 
 // take(): takes what is waited for if it is there (no helping); help(): polls
-// the NICs for an idle worker, true when it polled something. spin: never
+// the NICs for an idle worker, true when it polled something; leave(): this
+// thread stops helping (it is about to sleep). spin: never
 // sleep (a core busy for the whole wait, no wake-up). What is there is taken
 // even after a cancel or at the deadline.
-template <typename Take, typename Help>
-WaitEnd wait_arrival(ArrivalSignal& s, Take&& take, Help&& help,
+template <typename Take, typename Help, typename Leave>
+WaitEnd wait_arrival(ArrivalSignal& s, Take&& take, Help&& help, Leave&& leave,
                      std::chrono::steady_clock::time_point deadline, bool spin) {
   auto try_take = [&] { return take() || (help() && take()); };
   if (spin) {
@@ -76,6 +77,7 @@ WaitEnd wait_arrival(ArrivalSignal& s, Take&& take, Help&& help,
       return take() ? WaitEnd::kTaken : WaitEnd::kCancelled;
     if (i > 200) std::this_thread::yield();
   }
+  leave();
   s.waiters.fetch_add(1, std::memory_order_seq_cst);
   WaitEnd end = WaitEnd::kTaken;
   {

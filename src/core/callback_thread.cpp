@@ -76,6 +76,7 @@ void CallbackThread::run() {
   // core, and the first event (one wake-up) starts the spinning.
   int64_t last_event_ns = now_ns() - kSpinWindowNs;
   uint32_t empty_polls = 0;
+  bool helped = false;  // polled for the workers since the last event
   for (;;) {
     size_t n = q_.try_dequeue_bulk(batch, 32);
     // Once stopping, leave as soon as the queue is drained (stop() pushed an
@@ -96,9 +97,11 @@ void CallbackThread::run() {
     if (n == 0) {
       ProgressHelp* help = help_.load(std::memory_order_acquire);
       if (help && now_ns() - last_event_ns < help_window_ns_.load(std::memory_order_relaxed)) {
+        helped = true;
         if (!help->try_help()) ::sched_yield();
         continue;
       }
+      if (help && std::exchange(helped, false)) help->leave();
       wake_counters().callback_blocks.fetch_add(1, std::memory_order_relaxed);
       n = q_.wait_dequeue_bulk_timed(batch, 32, std::chrono::milliseconds(50));
     }

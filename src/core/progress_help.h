@@ -14,7 +14,10 @@ namespace ferry::core {
 
 class ProgressHelp {
  public:
-  explicit ProgressHelp(std::function<bool()> help) : help_(std::move(help)) {}
+  // leave: a thread that helped stops (it blocks now); a worker that napped
+  // while it polled takes the NICs back at once, not at the end of its nap.
+  ProgressHelp(std::function<bool()> help, std::function<void()> leave)
+      : help_(std::move(help)), leave_(std::move(leave)) {}
 
   // True when the call polled something (an arrival may now be counted).
   bool try_help() {
@@ -23,11 +26,16 @@ class ProgressHelp {
     return did;
   }
 
+  void leave() {
+    gate_.run([&] { leave_(); });
+  }
+
   // After close() returns no call is inside help_ and none will enter it.
   void close() { gate_.close(); }
 
  private:
   std::function<bool()> help_;
+  std::function<void()> leave_;
   Lifeline gate_;
 };
 

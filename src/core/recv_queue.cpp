@@ -58,6 +58,9 @@ Status RecvQueue::pop(RecvMessage& out, std::chrono::nanoseconds timeout,
   out.release();
   const core::WaitEnd end = core::wait_arrival(
       s_->signal, [&] { return take(out); }, [&] { return s_->help && s_->help->try_help(); },
+      [&] {
+        if (s_->help) s_->help->leave();
+      },
       core::deadline_after(std::chrono::steady_clock::now(), timeout),
       mode == ImmCounter::WaitMode::kSpin);
   if (end == core::WaitEnd::kCancelled)

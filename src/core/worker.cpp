@@ -199,14 +199,38 @@ void Worker::after_enqueue() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   // The worker yields or sleeps: post this request here rather than wait for
   // it to be scheduled (on a machine with fewer cores than threads, that wait
-  // is a context switch). A worker already blocked in poll(2) is still woken
-  // below: its fi_trywait came before this post.
+  // is a context switch).
+  bool posted_all = false;  // here, with nothing left that needs the worker
   if (inline_posts_ && !t_worker_thread) {
     std::unique_lock loop(loop_mu_, std::try_to_lock);
-    if (loop.owns_lock() && !stop_.load(std::memory_order_acquire))
+    if (loop.owns_lock() && !stop_.load(std::memory_order_acquire)) {
       post_inline();  // stopped: the domains may be gone
+      // Under the loop lock the worker naps, blocks in poll(2) or waits to
+      // take the lock back; it sets and clears both flags holding it. One
+      // blocked in poll(2) is woken all the same: its fi_trywait came before
+      // this post.
+      posted_all = nothing_for_worker() && !(sleeping_.load(std::memory_order_relaxed) &&
+                                             !napping_.load(std::memory_order_relaxed));
+    }
   }
-  if (sleeping_.load(std::memory_order_relaxed)) wake_.notify();
+  // A napping worker (a NIC without a wait object) is not woken for what was
+  // posted here in full: its nap ends by itself, and a thread waiting for the
+  // answer polls meanwhile. Waking it would put a third thread on the wire's
+  // path: an eventfd write, then the worker taking a core from the very
+  // thread that waits for the answer.
+  if (!posted_all && sleeping_.load(std::memory_order_relaxed)) wake_.notify();
+}
+
+bool Worker::nothing_for_worker() {
+  // Under loop_mu_. A slot's OnDone would wait for the end of the nap, and so
+  // would a submitter waiting for room, a post the NIC refused or a deferred
+  // re-post; a slotless post's completion only gives back a credit.
+  if (active_ != 0 || reposts_n_ != 0 || has_commands() ||
+      blocked_.load(std::memory_order_relaxed) != 0)
+    return false;
+  for (auto& nic : nics_)
+    if (!nic.pending.empty()) return false;
+  return true;
 }
 
 void Worker::post_inline() {
@@ -236,6 +260,7 @@ bool Worker::help_progress() {
   }
   flush_reposts();
   end_turn();
+  ++helped_;
   if (busy || polled) wake_counters().helped_polls.fetch_add(1, std::memory_order_relaxed);
   return busy || polled;
 }
@@ -341,7 +366,13 @@ void Worker::run(std::promise<Status>* init) {
       last_deadline_scan_ = now;
       check_deadlines();
     }
-    if (busy || awake) {
+    // Threads waiting for arrivals polled for this worker since its last
+    // look (help_progress): they drive the NICs, and a worker that went back
+    // to spinning for what they would have found takes a core from one of
+    // them. A submitter that woke it needs it (nothing_for_worker).
+    const bool helped = helped_ != helped_seen_;
+    helped_seen_ = helped_;
+    if ((busy && !helped) || awake || std::exchange(called_, false)) {
       last_busy = now;
       naps_in_row_ = 0;
       if (!busy && spin.yield && shared_->config.poll_mode == PollMode::kAdaptive) yield_cpu();
@@ -471,7 +502,10 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
     if (ready <= 0) {
       wc.by_timer.fetch_add(1, std::memory_order_relaxed);
     } else {
-      if (fds[0].revents != 0) wc.by_submission.fetch_add(1, std::memory_order_relaxed);
+      if (fds[0].revents != 0) {
+        called_ = true;
+        wc.by_submission.fetch_add(1, std::memory_order_relaxed);
+      }
       for (nfds_t i = 1; i < n; ++i)
         if (fds[i].revents != 0) {
           wc.by_completion.fetch_add(1, std::memory_order_relaxed);
@@ -480,12 +514,14 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
     }
   } else {
     wc.naps.fetch_add(1, std::memory_order_relaxed);
+    napping_.store(true, std::memory_order_relaxed);
     timespec ts{0, kFirstNapNs << std::min(naps_in_row_, kMaxNapDoublings)};
     ++naps_in_row_;
     // A submission ends the nap early.
     loop.unlock();
-    ::ppoll(fds, 1, &ts, nullptr);
+    called_ = ::ppoll(fds, 1, &ts, nullptr) > 0;
     relock(loop);
+    napping_.store(false, std::memory_order_relaxed);
   }
   wc.asleep.fetch_sub(1, std::memory_order_relaxed);
   wake_.drain();

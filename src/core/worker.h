@@ -138,6 +138,10 @@ class Worker final : public OpHost {
   // Whether help_progress can ever help (adaptive polling, NICs any thread
   // may call); known once start() returned.
   bool can_help() const { return inline_posts_; }
+  // A thread that helped stops: a worker napping meanwhile is woken.
+  void help_leaves() {
+    if (napping_.load(std::memory_order_relaxed)) wake_.notify();
+  }
   // Wakes submitters blocked in admit(); they return kFailedPrecondition.
   void close_admission();
   uint64_t in_flight() const {
@@ -210,6 +214,8 @@ class Worker final : public OpHost {
   // A submitter holding loop_mu_: start queued requests and post them; never
   // polls (no user callback runs on the submitter's thread).
   void post_inline();
+  // After post_inline: nothing it left needs the worker before its nap ends.
+  bool nothing_for_worker();
   void handle(Command& cmd);
   bool progress_posts();
   bool poll_completions();
@@ -321,6 +327,7 @@ class Worker final : public OpHost {
   std::condition_variable space_cv_;
   WakeFd wake_;
   std::atomic<bool> sleeping_{false};
+  std::atomic<bool> napping_{false};  // sleeping_ in a timed nap, not in poll(2)
   // Held by the worker while it works; released while it yields or blocks, so
   // that a submitter can post its own request at once (post_inline) instead of
   // waiting for the worker to be scheduled. Only when every NIC allows it.
@@ -350,6 +357,9 @@ class Worker final : public OpHost {
   uint8_t current_nic_ = 0;   // NIC whose completions are being handled
   Clock::time_point last_deadline_scan_{};
   uint32_t dl_head_ = kNone, dl_tail_ = kNone;
+  uint32_t helped_ = 0;       // help_progress calls (under loop_mu_)
+  uint32_t helped_seen_ = 0;  // helped_ at the worker's last look
+  bool called_ = false;       // the last idle_wait ended by a submitter's wake
   uint32_t naps_in_row_ = 0;  // naps since the last useful work: each one longer
   uint32_t arrivals_ = 0;     // immediates and receives handed up this turn
   // post_fast's posts in flight, oldest first: a ring of kFastPosts

@@ -127,11 +127,15 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   reg->len = sp.buf_len * sp.count;
   // Waiters on counters poll for idle workers (core/progress_help.h).
   if (std::all_of(im.workers.begin(), im.workers.end(), [](auto& w) { return w->can_help(); })) {
-    im.help = std::make_shared<core::ProgressHelp>([workers = &im.workers] {
-      bool any = false;
-      for (auto& w : *workers) any |= w->help_progress();
-      return any;
-    });
+    im.help = std::make_shared<core::ProgressHelp>(
+        [workers = &im.workers] {
+          bool any = false;
+          for (auto& w : *workers) any |= w->help_progress();
+          return any;
+        },
+        [workers = &im.workers] {
+          for (auto& w : *workers) w->help_leaves();
+        });
     im.imms->set_progress_help(im.help);
     im.callbacks->set_progress_help(im.help.get(),
                                     core::resolve_idle_spin(config.spin_before_block).spin);

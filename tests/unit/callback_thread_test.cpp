@@ -72,7 +72,7 @@ TEST(CallbackThread, EventsQueuedBeforeStopRunOnTheCallbackThread) {
 // mark while it helps (it did not: a hang in one of four runs of
 // Wake.InlineCallbackOnAHelpingWaiterFiresOnceAndItsReplyGoesOut under ASan).
 TEST(CallbackThread, StopEndsAThreadThatHelpsWorkersWithoutEnd) {
-  ProgressHelp help([] { return false; });
+  ProgressHelp help([] { return false; }, [] {});
   for (int cycle = 0; cycle < 500; ++cycle) {
     CallbackThread cb(nullptr, -1);
     cb.set_progress_help(&help, std::chrono::hours(1));

@@ -1,0 +1,149 @@
+// Who drives an adaptive worker's NICs while application threads help
+// (core/progress_help.h). Over shm the NIC has no wait object, so an idle
+// worker naps: a submitter that posted its request in full does not wake it,
+// one whose request needs the worker does, and a waiter that stops helping
+// (it is about to sleep) wakes it. The assertions count wake-ups by cause, so
+// they hold on a loaded machine; no latency bound is asserted.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+#include "core/wake.h"
+#include "ferry/ferry.h"
+#include "support/checks.h"
+#include "support/engine_config.h"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+using core::wake_counters;
+
+// Workers that nap as soon as they are idle (shm: no wait object to block on).
+EngineConfig napping() {
+  return test::adaptive_config_for("shm");
+}
+
+// True once `workers` workers nap or block (a condition, polled with a deadline).
+bool all_asleep(int64_t workers) {
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (wake_counters().asleep.load() < workers) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+// Takes one arrival, polling for the worker, without ever sleeping (a wait
+// that sleeps would hand the NICs back and wake the worker itself).
+bool take_one(ImmCounter& c) {
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!c.try_consume(1))
+    if (std::chrono::steady_clock::now() > deadline) return false;
+  return true;
+}
+
+uint64_t in_flight(TransferEngine& e) {
+  uint64_t n = 0;
+  for (auto& w : e.stats().workers) n += w.in_flight;
+  return n;
+}
+
+// An immediate with no OnDone, posted by its submitter while the worker naps,
+// leaves the worker nothing to do before its nap ends: no eventfd write. The
+// immediate arrives, and its completion still gives its credit back.
+TEST(HelpingWaiters, ANappingWorkerIsNotWokenForAPostItsSubmitterFinished) {
+  TransferEngine a(napping()), b(napping());
+  auto dst = test::region(b, 4096);
+  auto ping = b.imm_counter(7);
+  // Without the rule every round wakes it; with it, only rounds in which the
+  // worker held its loop lock (on its way into or out of a nap, longer when
+  // preempted there on a loaded machine) do.
+  constexpr uint64_t kRounds = 40, kSlack = kRounds / 4;
+  const uint64_t notifies = wake_counters().notifies.load();
+  const uint64_t posted = wake_counters().inline_posts.load();
+  for (uint64_t i = 0; i < kRounds; ++i) {
+    ASSERT_TRUE(all_asleep(2)) << "round " << i << ": workers never napped";
+    a.submit_imm(7, dst.d, OnDone::none());
+    ASSERT_TRUE(take_one(ping)) << "round " << i << ": no arrival";
+  }
+  EXPECT_LE(wake_counters().notifies.load() - notifies, kSlack);
+  EXPECT_GE(wake_counters().inline_posts.load() - posted, kRounds - kSlack);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (in_flight(a) != 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  EXPECT_EQ(in_flight(a), 0u) << "a completion never gave its credit back";
+  EXPECT_EQ(a.stats().transfers_ok(), kRounds);
+}
+
+// A request with an OnDone needs the worker for its completion: the submitter
+// posts it and wakes the napping worker, and the OnDone runs once.
+TEST(HelpingWaiters, ANappingWorkerIsWokenForACompletionSomeoneWaitsFor) {
+  TransferEngine a(napping()), b(napping());
+  auto dst = test::region(b, 4096);
+  constexpr uint64_t kRounds = 20, kSlack = 2;
+  std::atomic<uint64_t> done{0};
+  const uint64_t notifies = wake_counters().notifies.load();
+  for (uint64_t i = 0; i < kRounds; ++i) {
+    ASSERT_TRUE(all_asleep(2)) << "round " << i << ": workers never napped";
+    a.submit_imm(7, dst.d, OnDone::counter(done));
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (done.load() < i + 1 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    ASSERT_EQ(done.load(), i + 1) << "round " << i;
+  }
+  EXPECT_GE(wake_counters().notifies.load() - notifies, kRounds - kSlack);
+}
+
+// A waiter that gives up spinning (its wait is long) stops polling for the
+// worker: it wakes a worker that napped meanwhile, which then watches the NIC
+// itself rather than at the end of its nap.
+TEST(HelpingWaiters, AWaiterAboutToSleepWakesTheNappingWorker) {
+  TransferEngine b(napping());
+  auto never = b.imm_counter(9);
+  constexpr uint64_t kRounds = 10, kSlack = 3;
+  const uint64_t notifies = wake_counters().notifies.load();
+  for (uint64_t i = 0; i < kRounds; ++i) {
+    ASSERT_TRUE(all_asleep(1)) << "round " << i << ": the worker never napped";
+    EXPECT_EQ(never.wait(1, 50ms).code(), Code::kDeadlineExceeded);
+  }
+  // Each wait spins and helps first; the worker naps almost all of that time,
+  // so the wait's switch to sleeping nearly always finds it napping.
+  EXPECT_GE(wake_counters().notifies.load() - notifies, kRounds - kSlack);
+}
+
+// A submitter that does not wait through the engine (it watches a flag set by
+// an inline receive callback) never polls for the worker: the worker keeps
+// taking the arrivals itself instead of napping between them.
+TEST(HelpingWaiters, AWorkerNobodyHelpsDoesNotNapThroughAPingPong) {
+  // A worker idle this long naps: far longer than a round, far shorter than
+  // the ping-pong.
+  EngineConfig cfg = napping();
+  cfg.spin_before_block = 1'000us;
+  TransferEngine a(cfg), b(cfg);
+  auto on_a = test::region(a, 4096), on_b = test::region(b, 4096);
+  std::atomic<uint64_t> pongs{0};
+  a.expect_imm_count(
+      11, 1, [&] { pongs++; }, CallbackOn::kWorker);
+  b.expect_imm_count(
+      10, 1, [&] { b.submit_imm(11, on_a.d, OnDone::none()); }, CallbackOn::kWorker);
+  constexpr uint64_t kRounds = 2000, kWarmUp = 20;
+  uint64_t naps = 0;
+  for (uint64_t i = 0; i < kRounds; ++i) {
+    // The first rounds may find the workers napping since the setup.
+    if (i == kWarmUp) naps = wake_counters().naps.load();
+    a.submit_imm(10, on_b.d, OnDone::none());
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (pongs.load() < i + 1 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    ASSERT_EQ(pongs.load(), i + 1) << "round " << i;
+  }
+  // A round that took longer than the spin (a preempted thread) may nap once.
+  EXPECT_LE(wake_counters().naps.load() - naps, kRounds / 20);
+}
+
+}  // namespace
+}  // namespace ferry
