@@ -25,6 +25,9 @@ namespace {
 // (from 20 µs up to 320 µs), so an idle engine wakes rarely and a busy one
 // soon.
 constexpr auto kYieldBeforeNap = std::chrono::microseconds(200);
+// A napping worker whose NICs a waiting thread polled this recently leaves
+// them to it (help_progress): such threads poll every microsecond or so.
+constexpr auto kHelpersDrive = std::chrono::microseconds(50);
 constexpr long kFirstNapNs = 20'000;
 constexpr uint32_t kMaxNapDoublings = 4;
 // Longest block in poll(2) when no deadline is nearer; wakes come from the
@@ -340,6 +343,7 @@ void Worker::run(std::promise<Status>* init) {
   ::prctl(PR_SET_TIMERSLACK, 5'000UL, 0, 0, 0);
   const IdleSpin spin = resolve_idle_spin(shared_->config.spin_before_block);
   auto last_busy = Clock::now();
+  auto last_helped = Clock::time_point{};
   const bool busy_mode = shared_->config.poll_mode == PollMode::kBusy;
   uint32_t quiet_turns = 0;
   while (!stop_.load(std::memory_order_acquire)) {
@@ -366,19 +370,27 @@ void Worker::run(std::promise<Status>* init) {
       last_deadline_scan_ = now;
       check_deadlines();
     }
-    // Threads waiting for arrivals polled for this worker since its last
-    // look (help_progress): they drive the NICs, and a worker that went back
-    // to spinning for what they would have found takes a core from one of
-    // them. A submitter that woke it needs it (nothing_for_worker).
-    const bool helped = helped_ != helped_seen_;
-    helped_seen_ = helped_;
-    if ((busy && !helped) || awake || std::exchange(called_, false)) {
+    // Threads waiting for arrivals polled for this worker lately
+    // (help_progress): they drive the NICs, and a worker that kept spinning
+    // for what they would have found takes a core from one of them, so it
+    // naps at once instead. A submitter that woke it needs it
+    // (nothing_for_worker), and so does a waiter that stops helping. Only a
+    // worker that naps: one blocked in poll(2) would be woken by every
+    // completion its helpers take, a context switch each.
+    if (helped_ != helped_seen_) {
+      helped_seen_ = helped_;
+      last_helped = now;
+    }
+    const bool helpers_drive = napped_ && now - last_helped < kHelpersDrive;
+    if ((busy && !helpers_drive) || awake || std::exchange(called_, false)) {
       last_busy = now;
       naps_in_row_ = 0;
       if (!busy && spin.yield && shared_->config.poll_mode == PollMode::kAdaptive) yield_cpu();
-    } else if (shared_->config.poll_mode == PollMode::kAdaptive && now - last_busy >= spin.spin) {
+    } else if (shared_->config.poll_mode == PollMode::kAdaptive &&
+               (helpers_drive || now - last_busy >= spin.spin)) {
       // A NIC that cannot block is polled, yielding, before the worker naps.
-      if (!idle_wait(now - last_busy >= spin.spin + kYieldBeforeNap, loop)) yield_cpu();
+      if (!idle_wait(helpers_drive || now - last_busy >= spin.spin + kYieldBeforeNap, loop))
+        yield_cpu();
     } else if (spin.yield && shared_->config.poll_mode == PollMode::kAdaptive) {
       yield_cpu();
     }
@@ -478,6 +490,7 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
     fds[n++] = {fd, POLLIN, 0};
   }
   if (!all_blockable && !may_nap) return false;
+  napped_ = !all_blockable;
   sleeping_.store(true, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);  // mirror of submit()
   if (has_commands() || stop_.load()) {

@@ -360,6 +360,7 @@ class Worker final : public OpHost {
   uint32_t helped_ = 0;       // help_progress calls (under loop_mu_)
   uint32_t helped_seen_ = 0;  // helped_ at the worker's last look
   bool called_ = false;       // the last idle_wait ended by a submitter's wake
+  bool napped_ = false;       // the last idle_wait napped (a NIC without a wait object)
   uint32_t naps_in_row_ = 0;  // naps since the last useful work: each one longer
   uint32_t arrivals_ = 0;     // immediates and receives handed up this turn
   // post_fast's posts in flight, oldest first: a ring of kFastPosts
