@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <numaif.h>
-#include <poll.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -21,18 +20,11 @@ namespace ferry::core {
 namespace {
 
 // Idle workers whose NIC has no wait object (shm; NVLink while its copies are
-// in flight) poll yielding the CPU this long, then nap, each nap twice the last
-// (from 20 µs up to 320 µs), so an idle engine wakes rarely and a busy one
-// soon.
+// in flight) poll yielding the CPU this long, then nap (worker_idle.cpp).
 constexpr auto kYieldBeforeNap = std::chrono::microseconds(200);
 // A napping worker whose NICs a waiting thread polled this recently leaves
 // them to it (help_progress): such threads poll every microsecond or so.
 constexpr auto kHelpersDrive = std::chrono::microseconds(50);
-constexpr long kFirstNapNs = 20'000;
-constexpr uint32_t kMaxNapDoublings = 4;
-// Longest block in poll(2) when no deadline is nearer; wakes come from the
-// eventfd and the CQs, the timer only runs deadlines and housekeeping.
-constexpr auto kMaxBlock = std::chrono::milliseconds(10);
 // Requests that calls made on a worker thread may admit beyond
 // max_requests_in_flight (at least this many, else an eighth of the limit).
 constexpr uint64_t kWorkerReserveMin = 64;
@@ -64,14 +56,6 @@ struct AsWorker {
   AsWorker(const AsWorker&) = delete;
   AsWorker& operator=(const AsWorker&) = delete;
 };
-
-// The worker takes its loop lock back after yielding or blocking. A submitter
-// or a helping waiter holds it for a few microseconds: yield until it is free
-// rather than sleep on the mutex, whose unlock would then cost that thread a
-// futex wake on its way to the wire.
-void relock(std::unique_lock<std::mutex>& loop) {
-  while (!loop.try_lock()) ::sched_yield();
-}
 
 }  // namespace
 
@@ -472,74 +456,6 @@ Status Worker::open_nics() {
              group_.device.to_string(), infos_[0].provider, infos_[0].fabric, names,
              cfg.poll_mode == PollMode::kBusy ? "busy" : "adaptive");
   return {};
-}
-
-bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
-  // Can every NIC block? Asked first: fi_trywait may progress the provider,
-  // which can make a completion appear.
-  pollfd fds[1 + kMaxNics];
-  nfds_t n = 0;
-  fds[n++] = {wake_.fd(), POLLIN, 0};
-  bool all_blockable = true;
-  for (auto& nic : nics_) {
-    int fd = nic.domain->wait_fd();
-    if (fd < 0 || !nic.domain->can_block()) {
-      all_blockable = false;
-      break;
-    }
-    fds[n++] = {fd, POLLIN, 0};
-  }
-  if (!all_blockable && !may_nap) return false;
-  napped_ = !all_blockable;
-  sleeping_.store(true, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // mirror of submit()
-  if (has_commands() || stop_.load()) {
-    sleeping_.store(false);
-    return true;
-  }
-  auto& wc = wake_counters();
-  wc.asleep.fetch_add(1, std::memory_order_relaxed);
-  if (all_blockable) {
-    // Until the next deadline (rounded up), at most kMaxBlock; 1 ms while a
-    // retired registration waits to be closed.
-    std::chrono::milliseconds timeout = retired_.empty() ? kMaxBlock : std::chrono::milliseconds(1);
-    if (dl_head_ != kNone) {
-      auto until =
-          std::chrono::ceil<std::chrono::milliseconds>(slots_[dl_head_].deadline - Clock::now());
-      timeout = std::clamp(until, std::chrono::milliseconds(1), timeout);
-    }
-    wc.blocks.fetch_add(1, std::memory_order_relaxed);
-    loop.unlock();
-    const int ready = ::poll(fds, n, int(timeout.count()));
-    relock(loop);
-    if (ready <= 0) {
-      wc.by_timer.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      if (fds[0].revents != 0) {
-        called_ = true;
-        wc.by_submission.fetch_add(1, std::memory_order_relaxed);
-      }
-      for (nfds_t i = 1; i < n; ++i)
-        if (fds[i].revents != 0) {
-          wc.by_completion.fetch_add(1, std::memory_order_relaxed);
-          break;
-        }
-    }
-  } else {
-    wc.naps.fetch_add(1, std::memory_order_relaxed);
-    napping_.store(true, std::memory_order_relaxed);
-    timespec ts{0, kFirstNapNs << std::min(naps_in_row_, kMaxNapDoublings)};
-    ++naps_in_row_;
-    // A submission ends the nap early.
-    loop.unlock();
-    called_ = ::ppoll(fds, 1, &ts, nullptr) > 0;
-    relock(loop);
-    napping_.store(false, std::memory_order_relaxed);
-  }
-  wc.asleep.fetch_sub(1, std::memory_order_relaxed);
-  wake_.drain();
-  sleeping_.store(false, std::memory_order_seq_cst);
-  return true;
 }
 
 // --------------------------------------------------------------- commands

@@ -223,6 +223,11 @@ class Worker final : public OpHost {
   // false when it did neither (a NIC cannot block and !may_nap).
   // `loop` (loop_mu_) is released while it blocks.
   bool idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop);
+  // The worker takes its loop lock back after yielding or blocking. A
+  // submitter or a helping waiter holds it for a few microseconds: yield until
+  // it is free rather than sleep on the mutex, whose unlock would then cost
+  // that thread a futex wake on its way to the wire.
+  static void relock(std::unique_lock<std::mutex>& loop);
   void check_deadlines();
   void deadline_insert(uint32_t idx);
   void deadline_remove(uint32_t idx);

@@ -141,8 +141,11 @@ TEST(HelpingWaiters, AWorkerNobodyHelpsDoesNotNapThroughAPingPong) {
       std::this_thread::yield();
     ASSERT_EQ(pongs.load(), i + 1) << "round " << i;
   }
-  // A round that took longer than the spin (a preempted thread) may nap once.
-  EXPECT_LE(wake_counters().naps.load() - naps, kRounds / 20);
+  // A round that took longer than the spin (a thread preempted for
+  // milliseconds on a loaded machine) naps, several times if the stall is long;
+  // a worker that left the arrivals to a submitter would nap in nearly every
+  // round.
+  EXPECT_LE(wake_counters().naps.load() - naps, kRounds / 4);
 }
 
 }  // namespace
