@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ferry/engine.h"
+#include "ferry/status.h"
 
 namespace {
 
@@ -35,16 +36,7 @@ double process_cpu_seconds() {
   return double(utime + stime) / double(::sysconf(_SC_CLK_TCK));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::string provider = "tcp;ofi_rxm";
-  double seconds = 10;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i];
-    if (a == "--provider") provider = argv[i + 1];
-    if (a == "--seconds") seconds = std::atof(argv[i + 1]);
-  }
+int measure(const std::string& provider, double seconds) {
   ferry::EngineConfig c;
   c.provider = provider;
   c.groups[0].nic_names = {provider == "tcp;ofi_rxm" ? "lo" : provider};
@@ -66,4 +58,22 @@ int main(int argc, char** argv) {
   std::printf("ferry-idle provider=%s: two idle adaptive engines, %.1f s: %.1f ms CPU per second\n",
               provider.c_str(), wall, 1000.0 * cpu / wall);
   return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string provider = "tcp;ofi_rxm";
+  double seconds = 10;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--provider") provider = argv[i + 1];
+    if (a == "--seconds") seconds = std::atof(argv[i + 1]);
+  }
+  // A provider that is not there (a misspelt name) is an error message, not an abort.
+  try {
+    return measure(provider, seconds);
+  } catch (const ferry::Error& e) {
+    std::fprintf(stderr, "ferry-idle: %s\n", e.what());
+    return 1;
+  }
 }
