@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "core/cpu_relax.h"
+#include "core/progress_help.h"
 
 namespace ferry::core {
 
@@ -51,15 +52,14 @@ inline std::chrono::steady_clock::time_point deadline_after(
              : now + timeout;
 }
 
-// take(): takes what is waited for if it is there (no helping); help(): polls
-// the NICs for an idle worker, true when it polled something; leave(): this
-// thread stops helping (it is about to sleep). spin: never
-// sleep (a core busy for the whole wait, no wake-up). What is there is taken
-// even after a cancel or at the deadline.
-template <typename Take, typename Help, typename Leave>
-WaitEnd wait_arrival(ArrivalSignal& s, Take&& take, Help&& help, Leave&& leave,
+// take(): takes what is waited for if it is there (no helping). help (may be
+// null): polls the NICs for an idle worker while this thread spins, and is
+// left before it sleeps. spin: never sleep (a core busy for the whole wait, no
+// wake-up). What is there is taken even after a cancel or at the deadline.
+template <typename Take>
+WaitEnd wait_arrival(ArrivalSignal& s, Take&& take, ProgressHelp* help,
                      std::chrono::steady_clock::time_point deadline, bool spin) {
-  auto try_take = [&] { return take() || (help() && take()); };
+  auto try_take = [&] { return take() || (help != nullptr && help->try_help() && take()); };
   if (spin) {
     for (uint32_t i = 1;; ++i) {
       if (try_take()) return WaitEnd::kTaken;
@@ -77,7 +77,7 @@ WaitEnd wait_arrival(ArrivalSignal& s, Take&& take, Help&& help, Leave&& leave,
       return take() ? WaitEnd::kTaken : WaitEnd::kCancelled;
     if (i > 200) std::this_thread::yield();
   }
-  leave();
+  if (help != nullptr) help->leave();
   s.waiters.fetch_add(1, std::memory_order_seq_cst);
   WaitEnd end = WaitEnd::kTaken;
   {

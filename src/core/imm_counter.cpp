@@ -73,10 +73,7 @@ Status ImmCounter::wait(int64_t n, std::chrono::nanoseconds timeout, WaitMode mo
     Timed& operator=(const Timed&) = delete;
   } timed{time_it ? s_.get() : nullptr, core::ns_of(now)};
   const core::WaitEnd end = core::wait_arrival(
-      s_->signal, [&] { return consume(*s_, n); }, [&] { return s_->help && s_->help->try_help(); },
-      [&] {
-        if (s_->help) s_->help->leave();
-      },
+      s_->signal, [&] { return consume(*s_, n); }, s_->help.get(),
       core::deadline_after(now, timeout), mode == WaitMode::kSpin);
   timed.arrived = end == core::WaitEnd::kTaken;
   if (end == core::WaitEnd::kCancelled)

@@ -57,10 +57,7 @@ Status RecvQueue::pop(RecvMessage& out, std::chrono::nanoseconds timeout,
   if (!s_) return Status(Code::kFailedPrecondition, "RecvQueue::pop on an empty queue");
   out.release();
   const core::WaitEnd end = core::wait_arrival(
-      s_->signal, [&] { return take(out); }, [&] { return s_->help && s_->help->try_help(); },
-      [&] {
-        if (s_->help) s_->help->leave();
-      },
+      s_->signal, [&] { return take(out); }, s_->help.get(),
       core::deadline_after(std::chrono::steady_clock::now(), timeout),
       mode == ImmCounter::WaitMode::kSpin);
   if (end == core::WaitEnd::kCancelled)

@@ -21,7 +21,7 @@ namespace ferry::core {
 bool Worker::post_fast(const Command& cmd) {
   // Immediates of FastImm go to a group of one NIC; sends always use NIC 0.
   Nic& nic = nics_[0];
-  if (!fast_ || trace_ || !nic.pending.empty() || nic.outstanding >= infos_[0].max_outstanding ||
+  if (trace_ || !nic.pending.empty() || nic.outstanding >= infos_[0].max_outstanding ||
       fast_tail_ - fast_head_ >= kFastPosts)
     return false;
   const bool send = cmd.fast.kind() == FastKind::kSend;
@@ -73,7 +73,7 @@ bool Worker::post_fast(const Command& cmd) {
 
 bool Worker::on_fast_done(uint64_t ctx, const Status& st, uint32_t count) {
   const uint32_t idx = ctx_idx(ctx);
-  if (!fast_ || idx >= kFastPosts) return false;
+  if (idx >= kFastPosts) return false;
   FastPost& p = fast_[idx];
   if (!p.live || p.gen != ctx_gen(ctx)) return false;  // not one of ours, or seen already
   note_local_done(st, count);
