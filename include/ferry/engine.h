@@ -34,8 +34,9 @@ enum class QueueFull : uint8_t { kBlock, kRefuse };
 // (a submit from a worker never waits for admission: a full group throws
 // kResourceExhausted). With several groups it may run on two workers at once.
 // With adaptive polling it may also run on a thread that polls for an idle
-// worker from ImmCounter::try_consume or wait (see there), never at the same
-// time as that worker.
+// worker from ImmCounter::try_consume or wait (see there), and with busy
+// polling on one the worker stepped aside for (EngineConfig::busy_step_aside),
+// never at the same time as that worker.
 enum class CallbackOn : uint8_t { kCallbackThread, kWorker };
 
 // One worker thread and its NICs, serving one GPU (or the host).
@@ -88,6 +89,15 @@ struct EngineConfig {
   // between iterations (with fewer cores than spinning threads, a plain spin
   // delays the very threads being waited for).
   std::chrono::microseconds spin_before_block{-1};
+  // kBusy, NICs any thread may call (libfabric): while a thread spins on an
+  // ImmCounter or a RecvQueue (try_consume, wait, try_pop, pop) or the
+  // callback thread spins for events, the worker steps aside (keeps spinning,
+  // without touching its NICs) and lets that thread poll them and post its
+  // submissions itself, as an idle adaptive worker does: no thread crossing on
+  // the way to or from the wire. The worker runs a turn of its own every 50 µs
+  // meanwhile, and takes the NICs back when the thread stops spinning, when a
+  // submission needs it, or when it has turn hooks (WatchOn::kWorker).
+  bool busy_step_aside = true;
   int callback_cpu = -1;
   // CPU the UVM watcher thread pins itself to (-1 = do not pin). The thread
   // starts with the first alloc_uvm_watcher and spins only while one is armed.
@@ -150,7 +160,8 @@ class ImmCounter {
   int64_t value() const;
   // Consume n arrivals if they are there; never blocks. With adaptive polling
   // (NICs any thread may drive: libfabric), a call that finds too few polls
-  // the engine's NICs itself when their worker is yielding or asleep, so an
+  // the engine's NICs itself when their worker is yielding or asleep, or has
+  // stepped aside for spinning callers (busy polling, busy_step_aside), so an
   // arrival is counted without waiting for that worker to be scheduled; the
   // worker's work found on the way (CallbackOn::kWorker callbacks among it)
   // then runs on the calling thread.

@@ -27,7 +27,8 @@ class RecvQueue {
 
   // The oldest message not yet taken, or an empty (invalid) one; never
   // blocks. As ImmCounter::try_consume, a call that finds nothing polls the
-  // engine's NICs itself when their worker is yielding or asleep.
+  // engine's NICs itself when their worker is yielding or asleep, or has
+  // stepped aside (busy polling).
   RecvMessage try_pop();
   // Waits for a message until the timeout: kDeadlineExceeded, or kCancelled
   // once the engine has stopped and nothing is left to take (messages that

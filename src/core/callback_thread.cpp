@@ -90,7 +90,12 @@ void CallbackThread::run() {
       // spin only while events came within the last kSpinWindowNs, reading
       // the clock once per kSpinPollsPerClock empty polls.
       if (++empty_polls % kSpinPollsPerClock != 0 || now_ns() - last_event_ns < kSpinWindowNs) {
-        cpu_relax();
+        // A busy worker steps aside while this thread polls its NICs
+        // (EngineConfig::busy_step_aside): arrivals whose callbacks run here
+        // then reach the queue from this thread, with no crossing.
+        ProgressHelp* help = help_.load(std::memory_order_acquire);
+        helped |= help != nullptr;
+        if (help == nullptr || !help->try_help()) cpu_relax();
         continue;
       }
     }

@@ -31,6 +31,7 @@ struct WakeCounters {
   std::atomic<uint64_t> callback_blocks{0};  // a callback thread blocked waiting for an event
   std::atomic<uint64_t> reply_windows{0};    // a busy worker watched for an answer to arrivals
   std::atomic<uint64_t> reply_hits{0};       // ...and a submission came within the window
+  std::atomic<uint64_t> asides{0};           // a busy worker stepped aside for spinning helpers
   std::atomic<int64_t> asleep{0};            // gauge: workers inside poll(2) or a nap now
 };
 

@@ -178,8 +178,20 @@ void Worker::submit(Command&& cmd) {
 }
 
 void Worker::after_enqueue() {
-  // A busy worker never sleeps and never lets a submitter post for it.
-  if (shared_->config.poll_mode == PollMode::kBusy) return;
+  if (busy_mode_) {
+    // A busy worker spins and takes the command at its next turn, unless it
+    // stepped aside for threads that spin on its counters: then post it here.
+    // Whatever is left (a slot's completion, a command behind another
+    // thread's hold of the loop lock) those threads' polls do, since they
+    // drain the ring too, and the worker takes its NICs back within kAsideNs
+    // of their last poll. So neither a fence nor a wake: a command that races
+    // the worker's stepping aside waits for the next poll.
+    if (step_aside_ && !t_worker_thread && napping_.load(std::memory_order_acquire)) {
+      std::unique_lock loop(loop_mu_, std::try_to_lock);
+      if (loop.owns_lock() && !stop_.load(std::memory_order_acquire)) post_inline();
+    }
+    return;
+  }
   // The store of the command and the load of sleeping_ must not be
   // reordered (idle_wait has the mirror fence): otherwise the worker can go
   // to sleep with this command queued and nobody to wake it.
@@ -205,7 +217,7 @@ void Worker::after_enqueue() {
   // answer polls meanwhile. Waking it would put a third thread on the wire's
   // path: an eventfd write, then the worker taking a core from the very
   // thread that waits for the answer.
-  if (!posted_all && sleeping_.load(std::memory_order_relaxed)) wake_.notify();
+  if (!posted_all && sleeping_.load(std::memory_order_relaxed)) wake_up();
 }
 
 bool Worker::nothing_for_worker() {
@@ -231,7 +243,14 @@ void Worker::post_inline() {
 }
 
 bool Worker::help_progress() {
-  if (!inline_posts_ || t_worker_thread) return false;
+  if (!can_help() || t_worker_thread) return false;
+  if (busy_mode_ && !napping_.load(std::memory_order_relaxed)) {
+    // A busy worker holds its loop lock while it spins: a try_lock here would
+    // only pull the lock's line away from it. Ask it to step aside instead.
+    if (!want_aside_.load(std::memory_order_relaxed))
+      want_aside_.store(true, std::memory_order_relaxed);
+    return false;
+  }
   std::unique_lock loop(loop_mu_, std::try_to_lock);
   if (!loop.owns_lock() || stop_.load(std::memory_order_acquire)) return false;
   AsWorker as_worker(this);
@@ -247,7 +266,7 @@ bool Worker::help_progress() {
   }
   flush_reposts();
   end_turn();
-  ++helped_;
+  helped_.store(helped_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   if (busy || polled) wake_counters().helped_polls.fetch_add(1, std::memory_order_relaxed);
   return busy || polled;
 }
@@ -307,9 +326,12 @@ void Worker::run(std::promise<Status>* init) {
   send_pool = shared_->send_pool;
   send_free = shared_->send_free;
   send_reg = &shared_->send_pool->reg;
-  inline_posts_ =
-      shared_->config.poll_mode == PollMode::kAdaptive && !nics_.empty() &&
+  const bool any_thread =
+      !nics_.empty() &&
       std::all_of(infos_.begin(), infos_.end(), [](const DomainInfo& i) { return i.any_thread; });
+  busy_mode_ = shared_->config.poll_mode == PollMode::kBusy;
+  inline_posts_ = !busy_mode_ && any_thread;
+  step_aside_ = busy_mode_ && any_thread && shared_->config.busy_step_aside;
   std::unique_lock loop(loop_mu_);
   init->set_value(st);
   if (!st.is_ok()) return;
@@ -361,11 +383,24 @@ void Worker::run(std::promise<Status>* init) {
     // (nothing_for_worker), and so does a waiter that stops helping. Only a
     // worker that naps: one blocked in poll(2) would be woken by every
     // completion its helpers take, a context switch each.
-    if (helped_ != helped_seen_) {
-      helped_seen_ = helped_;
+    if (const uint32_t h = helped_.load(std::memory_order_relaxed); h != helped_seen_) {
+      helped_seen_ = h;
       last_helped = now;
     }
     const bool helpers_drive = napped_ && now - last_helped < kHelpersDrive;
+    if (busy_mode) {
+      // A busy worker steps aside, not to sleep: for threads spinning on
+      // counters and queues that asked (want_aside_) or keep polling. Turn
+      // hooks (watchers run on the worker) need its turns.
+      if (step_aside_ && !awake && !std::exchange(called_, false) && hooks_.empty() &&
+          (helpers_drive || want_aside_.load(std::memory_order_relaxed))) {
+        step_aside(loop);
+        // The turn after a step aside decides at once whether to step aside
+        // again, not after 64 quiet turns holding the NICs.
+        quiet_turns = 63;
+      }
+      continue;
+    }
     if ((busy && !helpers_drive) || awake || std::exchange(called_, false)) {
       last_busy = now;
       naps_in_row_ = 0;

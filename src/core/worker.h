@@ -132,15 +132,17 @@ class Worker final : public OpHost {
   // Called on the worker itself (from a callback it runs), fn runs at once.
   Status call(std::function<Status()> fn, std::chrono::milliseconds timeout);
   // A thread waiting for arrivals polls for the worker while the worker yields
-  // or blocks (progress_help.h); false when it could not or found nothing.
-  // Immediate callbacks declared CallbackOn::kWorker then run on that thread.
+  // or blocks, or steps aside (busy polling); false when it could not or found
+  // nothing (progress_help.h). Immediate callbacks declared CallbackOn::kWorker
+  // then run on that thread.
   bool help_progress();
-  // Whether help_progress can ever help (adaptive polling, NICs any thread
-  // may call); known once start() returned.
-  bool can_help() const { return inline_posts_; }
-  // A thread that helped stops: a worker napping meanwhile is woken.
+  // Whether help_progress can ever help (NICs any thread may call; adaptive
+  // polling, or busy polling with EngineConfig::busy_step_aside); known once
+  // start() returned.
+  bool can_help() const { return inline_posts_ || step_aside_; }
+  // A thread that helped stops: a worker napping or stepped aside meanwhile is woken.
   void help_leaves() {
-    if (napping_.load(std::memory_order_relaxed)) wake_.notify();
+    if (napping_.load(std::memory_order_relaxed)) wake_up();
   }
   // Wakes submitters blocked in admit(); they return kFailedPrecondition.
   void close_admission();
@@ -223,6 +225,17 @@ class Worker final : public OpHost {
   // false when it did neither (a NIC cannot block and !may_nap).
   // `loop` (loop_mu_) is released while it blocks.
   bool idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop);
+  // A busy worker whose NICs threads spinning for arrivals poll themselves:
+  // it spins without its loop lock (napping_ set) until woken, stopped, or
+  // kAsideNs have passed, so that they poll and post without waiting for it.
+  void step_aside(std::unique_lock<std::mutex>& loop);
+  // Ends a nap, a block in poll(2) or a step aside (sleeping_ was seen set).
+  void wake_up() {
+    if (step_aside_)
+      aside_wake_.store(true, std::memory_order_release);
+    else
+      wake_.notify();
+  }
   // The worker takes its loop lock back after yielding or blocking. A
   // submitter or a helping waiter holds it for a few microseconds: yield until
   // it is free rather than sleep on the mutex, whose unlock would then cost
@@ -338,8 +351,20 @@ class Worker final : public OpHost {
   // waiting for the worker to be scheduled. Only when every NIC allows it.
   std::mutex loop_mu_;
   bool inline_posts_ = false;
+  // Busy polling with NICs any thread may call: the worker steps aside while
+  // threads spinning for arrivals poll them (step_aside).
+  bool busy_mode_ = false;
+  bool step_aside_ = false;
+  // A spinning thread found the busy worker holding its NICs: step aside.
+  alignas(64) std::atomic<bool> want_aside_{false};
+  // Ends a step aside (wake_up): a flag, no syscall, since the worker spins.
+  alignas(64) std::atomic<bool> aside_wake_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  // help_progress calls, written under loop_mu_ (with the worker state
+  // helpers touch, not on the lines a worker that stepped aside spins on); it
+  // reads it every kAsideNs to see whether helpers still poll.
+  alignas(64) std::atomic<uint32_t> helped_{0};
 
   // Worker-thread state (allocated after pinning).
   std::vector<Nic> nics_;
@@ -362,10 +387,10 @@ class Worker final : public OpHost {
   uint8_t current_nic_ = 0;   // NIC whose completions are being handled
   Clock::time_point last_deadline_scan_{};
   uint32_t dl_head_ = kNone, dl_tail_ = kNone;
-  uint32_t helped_ = 0;       // help_progress calls (under loop_mu_)
   uint32_t helped_seen_ = 0;  // helped_ at the worker's last look
   bool called_ = false;       // the last idle_wait ended by a submitter's wake
-  bool napped_ = false;       // the last idle_wait napped (a NIC without a wait object)
+  bool napped_ = false;       // the last idle_wait napped (a NIC without a wait object),
+                              // or the worker last stepped aside
   uint32_t naps_in_row_ = 0;  // naps since the last useful work: each one longer
   uint32_t arrivals_ = 0;     // immediates and receives handed up this turn
   // post_fast's posts in flight, oldest first: a ring of kFastPosts

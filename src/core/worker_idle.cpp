@@ -1,12 +1,14 @@
 // How an adaptive worker sleeps when it has nothing to do: blocked in poll(2)
 // on its submission eventfd and every NIC's wait object, or, where a NIC has
-// none, in naps that lengthen while nothing comes (wake.h counts each end).
+// none, in naps that lengthen while nothing comes (wake.h counts each end);
+// and how a busy worker steps aside for threads that poll its NICs.
 #include <poll.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <chrono>
 
+#include "core/cpu_relax.h"
 #include "core/worker.h"
 
 namespace ferry::core {
@@ -20,6 +22,10 @@ constexpr uint32_t kMaxNapDoublings = 4;
 // Longest block in poll(2) when no deadline is nearer; wakes come from the
 // eventfd and the CQs, the timer only runs deadlines and housekeeping.
 constexpr auto kMaxBlock = std::chrono::milliseconds(10);
+// A busy worker that stepped aside looks this often whether helpers still
+// poll, and runs a turn of its own (deadlines) at least every kAsideTurnNs.
+constexpr int64_t kAsideNs = 50'000;
+constexpr int64_t kAsideTurnNs = 1'000'000;
 
 }  // namespace
 
@@ -93,6 +99,64 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
   wake_.drain();
   sleeping_.store(false, std::memory_order_seq_cst);
   return true;
+}
+
+void Worker::step_aside(std::unique_lock<std::mutex>& loop) {
+  if (want_aside_.load(std::memory_order_relaxed))
+    want_aside_.store(false, std::memory_order_relaxed);
+  aside_wake_.store(false, std::memory_order_relaxed);
+  napped_ = true;
+  // Submitters that found the worker not aside left their commands in the
+  // ring: post them first (helpers are spinning, so the next ones will come
+  // soon; a stream of them keeps the worker at work).
+  for (int tries = 0;; ++tries) {
+    sleeping_.store(true, std::memory_order_relaxed);
+    napping_.store(true, std::memory_order_relaxed);
+    // Submitters that see napping_ post for themselves; what came before is
+    // posted here.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!has_commands() && !stop_.load()) break;
+    napping_.store(false, std::memory_order_relaxed);
+    sleeping_.store(false, std::memory_order_seq_cst);
+    if (tries == 3 || stop_.load()) return;
+    begin_turn();
+    drain_commands();
+    progress_posts();
+    flush_reposts();
+    end_turn();
+  }
+  wake_counters().asides.fetch_add(1, std::memory_order_relaxed);
+  loop.unlock();
+  // The flags are read from this core's cache until a waker writes them, the
+  // clock once per 64 polls. While helpers keep polling the worker stays
+  // aside, up to kAsideTurnNs (deadlines are scanned every millisecond); it
+  // looks every kAsideNs.
+  const int64_t start = now_ns();
+  int64_t until = start + kAsideNs;
+  uint32_t seen = helped_.load(std::memory_order_relaxed);
+  for (uint32_t i = 1;; ++i) {
+    if (aside_wake_.load(std::memory_order_acquire)) {
+      called_ = true;
+      break;
+    }
+    if (stop_.load(std::memory_order_relaxed)) break;
+    if (i % 64 == 0) {
+      const int64_t t = now_ns();
+      if (t >= until) {
+        const uint32_t h = helped_.load(std::memory_order_relaxed);
+        if (h == seen || t - start >= kAsideTurnNs) break;
+        seen = h;
+        until = t + kAsideNs;
+      }
+    }
+    cpu_relax();
+  }
+  // A helper holds the lock for a few hundred nanoseconds: spin for it, but
+  // not on the lock's line, which the helper writes.
+  while (!loop.try_lock())
+    for (int k = 0; k < 32; ++k) cpu_relax();
+  napping_.store(false, std::memory_order_relaxed);
+  sleeping_.store(false, std::memory_order_seq_cst);
 }
 
 }  // namespace ferry::core

@@ -152,10 +152,10 @@ TEST(HelpingWaiters, AWorkerNobodyHelpsDoesNotNapThroughAPingPong) {
     ASSERT_EQ(pongs.load(), i + 1) << "round " << i;
   }
   // A round that took longer than the spin (a thread preempted for
-  // milliseconds on a loaded machine) naps, several times if the stall is long;
-  // a worker that left the arrivals to a submitter would nap in nearly every
-  // round.
-  EXPECT_LE(wake_counters().naps.load() - naps, kRounds / 4);
+  // milliseconds on a loaded machine) naps, several times if the stall is long:
+  // beside a soak test on two cores that came to 506 naps. A worker that left
+  // the arrivals to a submitter naps in nearly every round (1 990 of 2 000).
+  EXPECT_LE(wake_counters().naps.load() - naps, kRounds / 2);
 }
 
 }  // namespace

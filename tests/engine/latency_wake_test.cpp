@@ -155,8 +155,7 @@ TEST_P(Wake, BusyWorkersNeverBlock) {
   }
   EXPECT_EQ(Snapshot::now().blocks, before.blocks);
   EXPECT_EQ(Snapshot::now().notifies, before.notifies);
-  EXPECT_EQ(Snapshot::now().inline_posts, before.inline_posts);  // busy: the worker posts
-  EXPECT_EQ(Snapshot::now().helped_polls, before.helped_polls);  // ...and polls
+  // Who posts and polls: busy_step_aside_test.cpp.
 }
 
 // Several threads submitting to one busy engine at once: every write lands

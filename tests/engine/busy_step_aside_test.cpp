@@ -1,0 +1,201 @@
+// A busy worker steps aside for threads that spin on its counters and queues
+// (EngineConfig::busy_step_aside): they poll its NICs and post their own
+// submissions, with no crossing to the worker. The assertions count what each
+// thread did (wake.h), so they hold on a loaded machine; no latency bound is
+// asserted.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "core/wake.h"
+#include "ferry/ferry.h"
+#include "support/checks.h"
+#include "support/engine_config.h"
+#include "support/process.h"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+using core::wake_counters;
+
+EngineConfig busy(const std::string& kind, bool step_aside = true) {
+  EngineConfig c = test::config_for(kind);
+  c.poll_mode = PollMode::kBusy;
+  c.busy_step_aside = step_aside;
+  return c;
+}
+
+// Takes one arrival by spinning on try_consume (which helps), never sleeping.
+bool take_one(ImmCounter& c) {
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!c.try_consume(1))
+    if (std::chrono::steady_clock::now() > deadline) return false;
+  return true;
+}
+
+struct Counts {
+  uint64_t asides, helped_polls, inline_posts, notifies, blocks;
+  static Counts now() {
+    auto& w = wake_counters();
+    return {w.asides.load(), w.helped_polls.load(), w.inline_posts.load(), w.notifies.load(),
+            w.blocks.load()};
+  }
+};
+
+// Both sides spin on counters: their workers step aside, the application
+// threads count the arrivals and post the answers themselves. Batches of
+// `batch` rounds until done() says so, at most 60 s.
+template <typename Done>
+void ping_pong(TransferEngine& a, TransferEngine& b, int batch, Done&& done) {
+  auto on_a = test::region(a, 4096), on_b = test::region(b, 4096);
+  auto ping = b.imm_counter(40), pong = a.imm_counter(41);
+  const auto give_up = std::chrono::steady_clock::now() + 60s;
+  do {
+    std::atomic<bool> failed{false};
+    std::thread server([&] {
+      for (int i = 0; i < batch && !failed; ++i) {
+        if (!take_one(ping)) {
+          failed = true;
+          return;
+        }
+        b.submit_imm(41, on_a.d, OnDone::none());
+      }
+    });
+    for (int i = 0; i < batch && !failed; ++i) {
+      a.submit_imm(40, on_b.d, OnDone::none());
+      if (!take_one(pong)) failed = true;
+    }
+    server.join();
+    ASSERT_FALSE(failed.load()) << "a round of the ping-pong did not complete";
+  } while (!done() && std::chrono::steady_clock::now() < give_up);
+  EXPECT_EQ(ping.value(), 0);
+  EXPECT_EQ(pong.value(), 0);
+}
+
+class BusyStepAside : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BusyStepAside, SpinningWaitersDriveTheNicsAndPostTheirOwnAnswers) {
+  TransferEngine a(busy(GetParam())), b(busy(GetParam()));
+  const Counts before = Counts::now();
+  // Where threads outnumber cores (this suite under a sanitizer on two cores)
+  // a waiter may not run within a step aside's 50 µs, and the worker takes
+  // its NICs back: play rounds until each has been seen, not a fixed number.
+  auto seen_all = [&] {
+    const Counts now = Counts::now();
+    return now.asides > before.asides && now.helped_polls > before.helped_polls &&
+           now.inline_posts > before.inline_posts;
+  };
+  ping_pong(a, b, 200, seen_all);
+  const Counts after = Counts::now();
+  EXPECT_GE(after.asides - before.asides, 1u) << "no worker stepped aside";
+  EXPECT_GE(after.helped_polls - before.helped_polls, 1u) << "no waiter polled";
+  EXPECT_GE(after.inline_posts - before.inline_posts, 1u) << "no submitter posted itself";
+  // No worker blocks and nobody writes an eventfd (a worker that stepped
+  // aside spins on a flag).
+  EXPECT_EQ(after.blocks, before.blocks) << "a busy worker blocked in poll(2)";
+  EXPECT_EQ(after.notifies, before.notifies) << "an eventfd was written";
+}
+
+// Off, the busy worker keeps its NICs: it posts and polls everything.
+TEST_P(BusyStepAside, OffTheWorkerPostsAndPollsEverything) {
+  TransferEngine a(busy(GetParam(), false)), b(busy(GetParam(), false));
+  const Counts before = Counts::now();
+  ping_pong(a, b, 100, [] { return true; });
+  const Counts after = Counts::now();
+  EXPECT_EQ(after.asides, before.asides);
+  EXPECT_EQ(after.helped_polls, before.helped_polls);
+  EXPECT_EQ(after.inline_posts, before.inline_posts);
+}
+
+// While a thread spins on a counter that never fills (the worker aside for
+// it), transfers that need the worker (OnDone counters: slots, plans, shards)
+// still complete with their bytes, from this and other threads at once.
+TEST_P(BusyStepAside, TransfersWithOnDoneCompleteWhileAWaiterDrivesTheNics) {
+  TransferEngine a(busy(GetParam())), b(busy(GetParam()));
+  constexpr int kThreads = 3, kWrites = 200;
+  constexpr size_t kLen = 4096;
+  auto src = test::region(a, kThreads * kLen, uint8_t(5));
+  auto dst = test::region(b, size_t(kThreads) * kWrites * kLen);
+  auto arrived = b.imm_counter(42);
+  auto never = a.imm_counter(43);
+  std::atomic<bool> stop_spinning{false};
+  const uint64_t asides = wake_counters().asides.load();
+  std::thread spinner([&] {
+    while (!stop_spinning.load()) never.try_consume(1);
+  });
+  // The spinner asks a's worker to step aside; wait until it did, so that the
+  // writes below are submitted to a worker that stepped aside.
+  ASSERT_TRUE(test::wait_until([&] { return wake_counters().asides.load() > asides; }, 10s));
+  std::atomic<uint64_t> done{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kWrites; ++i)
+        a.submit_single_write(kLen, 42, src.h, t * kLen, dst.d, (size_t(t) * kWrites + i) * kLen,
+                              OnDone::counter(done, &errors));
+    });
+  for (auto& th : threads) th.join();
+  ASSERT_TRUE(arrived.wait(kThreads * kWrites, 20s).is_ok());
+  ASSERT_TRUE(test::wait_until([&] { return done.load() == uint64_t(kThreads * kWrites); }, 20s))
+      << done.load() << " completions";
+  stop_spinning = true;
+  spinner.join();
+  EXPECT_EQ(errors.load(), 0u);
+  for (int t = 0; t < kThreads; ++t)
+    for (int i = 0; i < kWrites; ++i)
+      ASSERT_EQ(std::memcmp(dst.buf.data() + (size_t(t) * kWrites + i) * kLen,
+                            src.buf.data() + t * kLen, kLen),
+                0)
+          << "thread " << t << " write " << i;
+}
+
+// stop() ends a step aside, the waits of the threads the worker stepped aside
+// for and the submissions of a thread posting for it meanwhile; repeated, so
+// that stop() lands at different points of a step aside.
+TEST_P(BusyStepAside, StopEndsTheStepAsideTheWaitsAndTheSubmissions) {
+  const int cycles = GetParam() == "tcp" ? 10 : 30;
+  for (int c = 0; c < cycles; ++c) {
+    auto a = std::make_unique<TransferEngine>(busy(GetParam()));
+    auto self = test::region(*a, 4096);
+    auto never = a->imm_counter(44);
+    const uint64_t asides = wake_counters().asides.load();
+    Status waited;
+    std::atomic<int> refused{0};
+    std::thread waiter([&] { waited = never.wait(1, 60s, ImmCounter::WaitMode::kSpin); });
+    const bool aside =
+        test::wait_until([&] { return wake_counters().asides.load() > asides; }, 10s);
+    // Then immediates to itself on a value nobody counts, posted by this
+    // thread while the worker is aside, until stop() refuses them.
+    std::thread submitter([&] {
+      for (;;) {
+        try {
+          a->submit_imm(45, self.d, OnDone::none());
+        } catch (const Error& e) {
+          if (e.code() == Code::kFailedPrecondition) refused = 1;
+          break;
+        }
+      }
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    a->stop();
+    waiter.join();
+    submitter.join();
+    ASSERT_TRUE(aside) << "cycle " << c << ": the worker never stepped aside";
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "cycle " << c;
+    EXPECT_EQ(waited.code(), Code::kCancelled) << "cycle " << c << ": " << waited.to_string();
+    EXPECT_EQ(refused.load(), 1) << "cycle " << c
+                                 << ": submissions did not end in kFailedPrecondition";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, BusyStepAside, ::testing::Values("fake", "tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace ferry
