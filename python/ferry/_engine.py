@@ -105,6 +105,12 @@ class TransferEngine(_Observability):
         callback_cpu: core to pin the callback thread to (-1: no pinning).
         poll_mode: "adaptive" (spin, then block; default) or "busy" (spin forever: the worker
             and the callback thread each take a core).
+        busy_step_aside: with poll_mode "busy" (libfabric providers), the worker steps aside
+            while a thread spins on a counter or queue (``wait``, ``try_consume``, ``pop``) or
+            the callback thread spins for events, and that thread polls the NICs and posts
+            its own submissions: no thread crossing on the way to or from the wire
+            (docs/ARCHITECTURE.md, "Polling modes"). False keeps every post and poll on the
+            worker. Default True.
         default_timeout: deadline in seconds for transfers and sends (default 30; None or
             0: none).
         groups: advanced: a list of ferry.Group (one per device, e.g. per GPU); replaces
@@ -157,6 +163,7 @@ class TransferEngine(_Observability):
         metrics: Optional[str] = None,
         trace: Optional[str] = None,
         latency_sample_every: int = 16,
+        busy_step_aside: bool = True,
     ) -> None:
         if provider is not None and not isinstance(provider, str):
             raise InvalidArgumentType(f"provider must be a str or None, got {type(provider).__name__}")
@@ -196,6 +203,8 @@ class TransferEngine(_Observability):
         latency_sample_every = _int_arg(
             latency_sample_every, "latency_sample_every", 1, 2**32 - 1, "[1, 2**32)"
         )
+        if not isinstance(busy_step_aside, bool):
+            raise InvalidArgumentType(f"busy_step_aside must be a bool, got {type(busy_step_aside).__name__}")
         self._e = _ferry.Engine(
             provider or "",
             specs,
@@ -211,6 +220,7 @@ class TransferEngine(_Observability):
             metrics or "",
             trace or "",
             latency_sample_every,
+            busy_step_aside,
         )
         with _live_lock:
             _live_engines.add(self)

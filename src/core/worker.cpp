@@ -326,12 +326,6 @@ void Worker::run(std::promise<Status>* init) {
   send_pool = shared_->send_pool;
   send_free = shared_->send_free;
   send_reg = &shared_->send_pool->reg;
-  const bool any_thread =
-      !nics_.empty() &&
-      std::all_of(infos_.begin(), infos_.end(), [](const DomainInfo& i) { return i.any_thread; });
-  busy_mode_ = shared_->config.poll_mode == PollMode::kBusy;
-  inline_posts_ = !busy_mode_ && any_thread;
-  step_aside_ = busy_mode_ && any_thread && shared_->config.busy_step_aside;
   std::unique_lock loop(loop_mu_);
   init->set_value(st);
   if (!st.is_ok()) return;
@@ -485,11 +479,18 @@ Status Worker::open_nics() {
     nic.domain = std::move(d);
     nics_.push_back(std::move(nic));
   }
+  const bool any_thread =
+      std::all_of(infos_.begin(), infos_.end(), [](const DomainInfo& i) { return i.any_thread; });
+  busy_mode_ = cfg.poll_mode == PollMode::kBusy;
+  inline_posts_ = !busy_mode_ && any_thread;
+  step_aside_ = busy_mode_ && any_thread && cfg.busy_step_aside;
   std::string names;
   for (auto& i : infos_) names += (names.empty() ? "" : ", ") + i.name;
   log().info("worker {} ({}): provider {}, fabric {}, NICs [{}], poll mode {}", index_,
              group_.device.to_string(), infos_[0].provider, infos_[0].fabric, names,
-             cfg.poll_mode == PollMode::kBusy ? "busy" : "adaptive");
+             !busy_mode_   ? "adaptive"
+             : step_aside_ ? "busy, stepping aside for spinning waiters"
+                           : "busy");
   return {};
 }
 

@@ -97,6 +97,38 @@ def test_bad_engine_config():
         ferry.TransferEngine("shm", groups=[ferry.Group("gpu7")])
 
 
+def test_busy_step_aside_reaches_the_engine():
+    # The worker's start-up line names its poll mode; a fresh process, since the C++ log
+    # level is fixed at its first message. A ping-pong with waits on both counters runs
+    # either way, with the same counts.
+    code = """if True:
+        import numpy as np, ferry
+        for flag in (True, False):
+            a = ferry.TransferEngine("shm", nics=["shm"], poll_mode="busy", busy_step_aside=flag)
+            b = ferry.TransferEngine("shm", nics=["shm"], poll_mode="busy", busy_step_aside=flag)
+            with a, b:
+                _, da = a.register(np.zeros(16, np.uint8))
+                _, db = b.register(np.zeros(16, np.uint8))
+                ping, pong = b.imm_counter(1), a.imm_counter(2)
+                for _ in range(50):
+                    a.submit_imm(1, db)
+                    ping.wait(1, 20)
+                    b.submit_imm(2, da)
+                    pong.wait(1, 20)
+                assert ping.value == 0 and pong.value == 0
+        try:
+            ferry.TransferEngine("shm", nics=["shm"], poll_mode="busy", busy_step_aside=1)
+        except ferry.InvalidArgumentType:
+            print("ok")
+    """
+    env = dict(os.environ, FERRY_LOG="info")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+    assert r.stderr.count("poll mode busy, stepping aside for spinning waiters") == 2, r.stderr
+    assert r.stderr.count("poll mode busy") == 4, r.stderr
+
+
 def test_verbs_gid_index_reaches_the_engine():
     # No verbs NIC here: the engine's warning that another provider ignores the index is
     # what shows the value arrived in EngineConfig::verbs_gid_index. A fresh process,
