@@ -153,9 +153,10 @@ TEST(HelpingWaiters, AWorkerNobodyHelpsDoesNotNapThroughAPingPong) {
   }
   // A round that took longer than the spin (a thread preempted for
   // milliseconds on a loaded machine) naps, several times if the stall is long:
-  // beside a soak test on two cores that came to 506 naps. A worker that left
-  // the arrivals to a submitter naps in nearly every round (1 990 of 2 000).
-  EXPECT_LE(wake_counters().naps.load() - naps, kRounds / 2);
+  // beside a soak test on two cores that came to 506 naps, beside a build and
+  // the suite's other tests to 1 201. A worker that left the arrivals to a
+  // submitter naps in nearly every round (1 990 of 2 000).
+  EXPECT_LE(wake_counters().naps.load() - naps, kRounds * 3 / 4);
 }
 
 }  // namespace
