@@ -239,7 +239,7 @@ void Worker::post_inline() {
   progress_posts();
   flush_reposts();
   end_turn();
-  wake_counters().inline_posts.fetch_add(1, std::memory_order_relaxed);
+  wake_counters().inline_posts.add();
 }
 
 bool Worker::help_progress() {
@@ -267,7 +267,7 @@ bool Worker::help_progress() {
   flush_reposts();
   end_turn();
   helped_.store(helped_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  if (busy || polled) wake_counters().helped_polls.fetch_add(1, std::memory_order_relaxed);
+  if (busy || polled) wake_counters().helped_polls.add();
   return busy || polled;
 }
 
@@ -512,13 +512,13 @@ void Worker::await_reply() {
   for (auto& nic : nics_)
     if (!nic.pending.empty()) return;  // posts to make: no time to watch
   auto& wc = wake_counters();
-  wc.reply_windows.fetch_add(1, std::memory_order_relaxed);
+  wc.reply_windows.add();
   // The window starts at the first clock read, eight polls in: a reply that
   // comes sooner costs no read at all.
   int64_t t0 = 0;
   for (uint32_t i = 1;; ++i) {
     if (uint64_t pos = 0; ring_.next(&pos) != nullptr) {
-      wc.reply_hits.fetch_add(1, std::memory_order_relaxed);
+      wc.reply_hits.add();
       window_misses_ = 0;
       return;
     }

@@ -125,7 +125,7 @@ void Worker::step_aside(std::unique_lock<std::mutex>& loop) {
     flush_reposts();
     end_turn();
   }
-  wake_counters().asides.fetch_add(1, std::memory_order_relaxed);
+  wake_counters().asides.add();
   loop.unlock();
   // The flags are read from this core's cache until a waker writes them, the
   // clock once per 64 polls. While helpers keep polling the worker stays
