@@ -94,9 +94,10 @@ struct EngineConfig {
   // callback thread spins for events, the worker steps aside (keeps spinning,
   // without touching its NICs) and lets that thread poll them and post its
   // submissions itself, as an idle adaptive worker does: no thread crossing on
-  // the way to or from the wire. The worker runs a turn of its own every 50 µs
-  // meanwhile, and takes the NICs back when the thread stops spinning, when a
-  // submission needs it, or when it has turn hooks (WatchOn::kWorker).
+  // the way to or from the wire. Meanwhile the worker runs a turn of its own
+  // every millisecond (deadlines), and takes the NICs back when the thread
+  // stops spinning (left, or no poll for 50 µs). A worker with turn hooks
+  // (WatchOn::kWorker) never steps aside.
   bool busy_step_aside = true;
   int callback_cpu = -1;
   // CPU the UVM watcher thread pins itself to (-1 = do not pin). The thread

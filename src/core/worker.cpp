@@ -234,12 +234,16 @@ bool Worker::nothing_for_worker() {
 
 void Worker::post_inline() {
   AsWorker as_worker(this);
+  post_queued();
+  wake_counters().inline_posts.add();
+}
+
+void Worker::post_queued() {
   begin_turn();
   drain_commands();
   progress_posts();
   flush_reposts();
   end_turn();
-  wake_counters().inline_posts.add();
 }
 
 bool Worker::help_progress() {
@@ -344,7 +348,6 @@ void Worker::run(std::promise<Status>* init) {
   const IdleSpin spin = resolve_idle_spin(shared_->config.spin_before_block);
   auto last_busy = Clock::now();
   auto last_helped = Clock::time_point{};
-  const bool busy_mode = shared_->config.poll_mode == PollMode::kBusy;
   uint32_t quiet_turns = 0;
   while (!stop_.load(std::memory_order_acquire)) {
     begin_turn();
@@ -357,14 +360,14 @@ void Worker::run(std::promise<Status>* init) {
     busy |= poll_completions();
     if (arrivals_ != 0) {
       arrivals_ = 0;
-      if (busy_mode) await_reply();
+      if (busy_mode_) await_reply();
     }
     note_gauges();
     end_turn();
     // A spinning worker's idle turn is a few polls; a clock read in each
     // would be a large part of it, and of the delay before it sees the next
     // submission. Deadlines are checked every millisecond at most anyway.
-    if (busy_mode && !busy && !awake && (++quiet_turns & 63) != 0) continue;
+    if (busy_mode_ && !busy && !awake && (++quiet_turns & 63) != 0) continue;
     const auto now = Clock::time_point(std::chrono::nanoseconds(turn_ns()));
     if (now - last_deadline_scan_ > std::chrono::milliseconds(1)) {
       last_deadline_scan_ = now;
@@ -382,7 +385,7 @@ void Worker::run(std::promise<Status>* init) {
       last_helped = now;
     }
     const bool helpers_drive = napped_ && now - last_helped < kHelpersDrive;
-    if (busy_mode) {
+    if (busy_mode_) {
       // A busy worker steps aside, not to sleep: for threads spinning on
       // counters and queues that asked (want_aside_) or keep polling. Turn
       // hooks (watchers run on the worker) need its turns.
@@ -395,16 +398,16 @@ void Worker::run(std::promise<Status>* init) {
       }
       continue;
     }
+    // Adaptive polling from here on.
     if ((busy && !helpers_drive) || awake || std::exchange(called_, false)) {
       last_busy = now;
       naps_in_row_ = 0;
-      if (!busy && spin.yield && shared_->config.poll_mode == PollMode::kAdaptive) yield_cpu();
-    } else if (shared_->config.poll_mode == PollMode::kAdaptive &&
-               (helpers_drive || now - last_busy >= spin.spin)) {
+      if (!busy && spin.yield) yield_cpu();
+    } else if (helpers_drive || now - last_busy >= spin.spin) {
       // A NIC that cannot block is polled, yielding, before the worker naps.
       if (!idle_wait(helpers_drive || now - last_busy >= spin.spin + kYieldBeforeNap, loop))
         yield_cpu();
-    } else if (spin.yield && shared_->config.poll_mode == PollMode::kAdaptive) {
+    } else if (spin.yield) {
       yield_cpu();
     }
   }

@@ -216,6 +216,8 @@ class Worker final : public OpHost {
   // A submitter holding loop_mu_: start queued requests and post them; never
   // polls (no user callback runs on the submitter's thread).
   void post_inline();
+  // Under loop_mu_: one turn that starts and posts what is queued, no polling.
+  void post_queued();
   // After post_inline: nothing it left needs the worker before its nap ends.
   bool nothing_for_worker();
   void handle(Command& cmd);
@@ -226,8 +228,9 @@ class Worker final : public OpHost {
   // `loop` (loop_mu_) is released while it blocks.
   bool idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop);
   // A busy worker whose NICs threads spinning for arrivals poll themselves:
-  // it spins without its loop lock (napping_ set) until woken, stopped, or
-  // kAsideNs have passed, so that they poll and post without waiting for it.
+  // it spins without its loop lock (napping_ set), so that they poll and post
+  // without waiting for it, until woken (a helper left), stopped, no helper
+  // polled for kAsideNs, or kAsideTurnNs passed (a turn of its own is due).
   void step_aside(std::unique_lock<std::mutex>& loop);
   // Ends a nap, a block in poll(2) or a step aside (sleeping_ was seen set).
   void wake_up() {

@@ -119,11 +119,7 @@ void Worker::step_aside(std::unique_lock<std::mutex>& loop) {
     napping_.store(false, std::memory_order_relaxed);
     sleeping_.store(false, std::memory_order_seq_cst);
     if (tries == 3 || stop_.load()) return;
-    begin_turn();
-    drain_commands();
-    progress_posts();
-    flush_reposts();
-    end_turn();
+    post_queued();
   }
   wake_counters().asides.add();
   loop.unlock();
