@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <thread>
 
@@ -29,14 +28,6 @@ EngineConfig busy(const std::string& kind, bool step_aside = true) {
   c.poll_mode = PollMode::kBusy;
   c.busy_step_aside = step_aside;
   return c;
-}
-
-// Takes one arrival by spinning on try_consume (which helps), never sleeping.
-bool take_one(ImmCounter& c) {
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (!c.try_consume(1))
-    if (std::chrono::steady_clock::now() > deadline) return false;
-  return true;
 }
 
 struct Counts {
@@ -60,7 +51,7 @@ void ping_pong(TransferEngine& a, TransferEngine& b, int batch, Done&& done) {
     std::atomic<bool> failed{false};
     std::thread server([&] {
       for (int i = 0; i < batch && !failed; ++i) {
-        if (!take_one(ping)) {
+        if (!test::take_one_spinning(ping)) {
           failed = true;
           return;
         }
@@ -69,7 +60,7 @@ void ping_pong(TransferEngine& a, TransferEngine& b, int batch, Done&& done) {
     });
     for (int i = 0; i < batch && !failed; ++i) {
       a.submit_imm(40, on_b.d, OnDone::none());
-      if (!take_one(pong)) failed = true;
+      if (!test::take_one_spinning(pong)) failed = true;
     }
     server.join();
     ASSERT_FALSE(failed.load()) << "a round of the ping-pong did not complete";
@@ -118,41 +109,24 @@ TEST_P(BusyStepAside, OffTheWorkerPostsAndPollsEverything) {
 // still complete with their bytes, from this and other threads at once.
 TEST_P(BusyStepAside, TransfersWithOnDoneCompleteWhileAWaiterDrivesTheNics) {
   TransferEngine a(busy(GetParam())), b(busy(GetParam()));
-  constexpr int kThreads = 3, kWrites = 200;
-  constexpr size_t kLen = 4096;
-  auto src = test::region(a, kThreads * kLen, uint8_t(5));
-  auto dst = test::region(b, size_t(kThreads) * kWrites * kLen);
-  auto arrived = b.imm_counter(42);
   auto never = a.imm_counter(43);
-  std::atomic<bool> stop_spinning{false};
   const uint64_t asides = wake_counters().asides.load();
-  std::thread spinner([&] {
-    while (!stop_spinning.load()) never.try_consume(1);
+  // Stopped and joined however the test ends.
+  struct Spinner {
+    std::atomic<bool> stop{false};
+    std::thread th;
+    ~Spinner() {
+      stop = true;
+      if (th.joinable()) th.join();
+    }
+  } spinner;
+  spinner.th = std::thread([&] {
+    while (!spinner.stop.load()) never.try_consume(1);
   });
   // The spinner asks a's worker to step aside; wait until it did, so that the
   // writes below are submitted to a worker that stepped aside.
   ASSERT_TRUE(test::wait_until([&] { return wake_counters().asides.load() > asides; }, 10s));
-  std::atomic<uint64_t> done{0}, errors{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t)
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < kWrites; ++i)
-        a.submit_single_write(kLen, 42, src.h, t * kLen, dst.d, (size_t(t) * kWrites + i) * kLen,
-                              OnDone::counter(done, &errors));
-    });
-  for (auto& th : threads) th.join();
-  ASSERT_TRUE(arrived.wait(kThreads * kWrites, 20s).is_ok());
-  ASSERT_TRUE(test::wait_until([&] { return done.load() == uint64_t(kThreads * kWrites); }, 20s))
-      << done.load() << " completions";
-  stop_spinning = true;
-  spinner.join();
-  EXPECT_EQ(errors.load(), 0u);
-  for (int t = 0; t < kThreads; ++t)
-    for (int i = 0; i < kWrites; ++i)
-      ASSERT_EQ(std::memcmp(dst.buf.data() + (size_t(t) * kWrites + i) * kLen,
-                            src.buf.data() + t * kLen, kLen),
-                0)
-          << "thread " << t << " write " << i;
+  test::writes_from_threads(a, b, 3, 200, 4096, 42, 5);
 }
 
 // stop() ends a step aside, the waits of the threads the worker stepped aside

@@ -37,15 +37,6 @@ bool all_asleep(int64_t workers) {
   return true;
 }
 
-// Takes one arrival, polling for the worker, without ever sleeping (a wait
-// that sleeps would hand the NICs back and wake the worker itself).
-bool take_one(ImmCounter& c) {
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (!c.try_consume(1))
-    if (std::chrono::steady_clock::now() > deadline) return false;
-  return true;
-}
-
 // True once no request of e is in flight (a condition, polled with a deadline).
 bool nothing_in_flight(TransferEngine& e) {
   const auto deadline = std::chrono::steady_clock::now() + 10s;
@@ -74,14 +65,14 @@ TEST(HelpingWaiters, ANappingWorkerIsNotWokenForAPostItsSubmitterFinished) {
   // until its completion, which on a loaded machine took longer than all the
   // rounds: send it and wait until nothing is in flight before counting.
   a.submit_imm(7, dst.d, OnDone::none());
-  ASSERT_TRUE(take_one(ping)) << "no first arrival";
+  ASSERT_TRUE(test::take_one_spinning(ping)) << "no first arrival";
   ASSERT_TRUE(nothing_in_flight(a)) << "the first immediate never completed";
   const uint64_t notifies = wake_counters().notifies.load();
   const uint64_t posted = wake_counters().inline_posts.load();
   for (uint64_t i = 0; i < kRounds; ++i) {
     ASSERT_TRUE(all_asleep(2)) << "round " << i << ": workers never napped";
     a.submit_imm(7, dst.d, OnDone::none());
-    ASSERT_TRUE(take_one(ping)) << "round " << i << ": no arrival";
+    ASSERT_TRUE(test::take_one_spinning(ping)) << "round " << i << ": no arrival";
   }
   EXPECT_LE(wake_counters().notifies.load() - notifies, kSlack);
   EXPECT_GE(wake_counters().inline_posts.load() - posted, kRounds - kSlack);

@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -163,31 +162,7 @@ TEST_P(Wake, BusyWorkersNeverBlock) {
 TEST_P(Wake, BusySubmittersFromManyThreadsDeliverEveryWriteOnce) {
   const EngineConfig c = busy_config(GetParam());
   TransferEngine a(c), b(c);
-  constexpr int kThreads = 4, kWrites = 200;
-  constexpr size_t kLen = 256;
-  auto src = test::region(a, kThreads * kLen, uint8_t(3));
-  auto dst = test::region(b, kThreads * kWrites * kLen);
-  auto arrived = b.imm_counter(30);
-  std::atomic<uint64_t> done{0}, errors{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t)
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < kWrites; ++i)
-        a.submit_single_write(kLen, 30, src.h, t * kLen, dst.d, (size_t(t) * kWrites + i) * kLen,
-                              OnDone::counter(done, &errors));
-    });
-  for (auto& th : threads) th.join();
-  ASSERT_TRUE(arrived.wait(kThreads * kWrites, 20s).is_ok());
-  ASSERT_TRUE(test::wait_until([&] { return done.load() == uint64_t(kThreads * kWrites); }, 20s))
-      << done.load() << " completions";
-  EXPECT_EQ(errors.load(), 0u);
-  EXPECT_EQ(arrived.value(), 0);
-  for (int t = 0; t < kThreads; ++t)
-    for (int i = 0; i < kWrites; ++i) {
-      const uint8_t* got = dst.buf.data() + (size_t(t) * kWrites + i) * kLen;
-      ASSERT_EQ(std::memcmp(got, src.buf.data() + t * kLen, kLen), 0)
-          << "thread " << t << " write " << i;
-    }
+  test::writes_from_threads(a, b, 4, 200, 256, 30, 3);
 }
 
 // With busy polling the callback thread spins while callbacks keep coming: a
