@@ -28,6 +28,12 @@ enum class PollMode : uint8_t {
 
 enum class QueueFull : uint8_t { kBlock, kRefuse };
 
+// Whether an adaptive worker yields the CPU between idle polls
+// (EngineConfig::spin_yield). kAuto: where the process may run on fewer than
+// 8 CPUs. A container whose CPU quota is smaller than the CPUs its
+// affinity shows wants kYield.
+enum class SpinYield : uint8_t { kAuto, kYield, kNoYield };
+
 // Where an immediate-count callback runs. kWorker: inline on the NIC worker
 // that counted the arrival, with no hop to the callback thread; for callbacks
 // that return within microseconds and never block, typically posting a reply
@@ -89,6 +95,7 @@ struct EngineConfig {
   // between iterations (with fewer cores than spinning threads, a plain spin
   // delays the very threads being waited for).
   std::chrono::microseconds spin_before_block{-1};
+  SpinYield spin_yield = SpinYield::kAuto;
   // kBusy, NICs any thread may call (libfabric): while a thread spins on an
   // ImmCounter or a RecvQueue (try_consume, wait, try_pop, pop) or the
   // callback thread spins for events, the worker steps aside (keeps spinning,
@@ -97,7 +104,9 @@ struct EngineConfig {
   // the way to or from the wire. Meanwhile the worker runs a turn of its own
   // every millisecond (deadlines), and takes the NICs back when the thread
   // stops spinning (left, or no poll for 50 µs). A worker with turn hooks
-  // (WatchOn::kWorker) never steps aside.
+  // (WatchOn::kWorker) never steps aside. kAdaptive, where its idle polls do
+  // not yield (spin_yield): the same during its spin_before_block phase,
+  // which lasts while those callers find arrivals; then it blocks as before.
   bool busy_step_aside = true;
   int callback_cpu = -1;
   // CPU the UVM watcher thread pins itself to (-1 = do not pin). The thread

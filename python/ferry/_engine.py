@@ -109,8 +109,12 @@ class TransferEngine(_Observability):
             while a thread spins on a counter or queue (``wait``, ``try_consume``, ``pop``) or
             the callback thread spins for events, and that thread polls the NICs and posts
             its own submissions: no thread crossing on the way to or from the wire
-            (docs/ARCHITECTURE.md, "Polling modes"). False keeps every post and poll on the
-            worker. Default True.
+            (docs/ARCHITECTURE.md, "Polling modes"). With poll_mode "adaptive" the same
+            during the worker's spin phase where its idle polls do not yield (see
+            spin_yield). False keeps every post and poll on the spinning worker. Default True.
+        spin_yield: whether an adaptive worker yields the CPU between idle polls: "auto"
+            (default: where the process may run on fewer than 8 CPUs), "yield" (a container
+            whose CPU quota is smaller than the CPUs it sees) or "no_yield".
         default_timeout: deadline in seconds for transfers and sends (default 30; None or
             0: none).
         groups: advanced: a list of ferry.Group (one per device, e.g. per GPU); replaces
@@ -164,6 +168,7 @@ class TransferEngine(_Observability):
         trace: Optional[str] = None,
         latency_sample_every: int = 16,
         busy_step_aside: bool = True,
+        spin_yield: str = "auto",
     ) -> None:
         if provider is not None and not isinstance(provider, str):
             raise InvalidArgumentType(f"provider must be a str or None, got {type(provider).__name__}")
@@ -205,6 +210,8 @@ class TransferEngine(_Observability):
         )
         if not isinstance(busy_step_aside, bool):
             raise InvalidArgumentType(f"busy_step_aside must be a bool, got {type(busy_step_aside).__name__}")
+        if spin_yield not in ("auto", "yield", "no_yield"):
+            raise InvalidArgument(f"spin_yield must be 'auto', 'yield' or 'no_yield', got {spin_yield!r}")
         self._e = _ferry.Engine(
             provider or "",
             specs,
@@ -221,6 +228,7 @@ class TransferEngine(_Observability):
             trace or "",
             latency_sample_every,
             busy_step_aside,
+            spin_yield,
         )
         with _live_lock:
             _live_engines.add(self)

@@ -25,7 +25,7 @@ PyEngine::PyEngine(std::string provider, std::vector<GroupSpec> groups, size_t n
                    bool busy, int callback_cpu, double default_timeout, size_t send_buffer_size,
                    size_t send_buffer_count, int verbs_gid_index, size_t max_requests_in_flight,
                    std::string queue_full, std::string metrics_address, std::string trace_file,
-                   uint32_t latency_sample_every, bool busy_step_aside)
+                   uint32_t latency_sample_every, bool busy_step_aside, std::string spin_yield)
     : shared_(std::make_shared<Shared>()) {
   EngineConfig c;
   c.metrics_address = std::move(metrics_address);  // observability: stats_ext.cpp
@@ -54,6 +54,14 @@ PyEngine::PyEngine(std::string provider, std::vector<GroupSpec> groups, size_t n
   c.nics_per_group = nics_per_group;
   c.poll_mode = busy ? PollMode::kBusy : PollMode::kAdaptive;
   c.busy_step_aside = busy_step_aside;
+  if (spin_yield == "auto")
+    c.spin_yield = SpinYield::kAuto;
+  else if (spin_yield == "yield")
+    c.spin_yield = SpinYield::kYield;
+  else if (spin_yield == "no_yield")
+    c.spin_yield = SpinYield::kNoYield;
+  else
+    invalid("spin_yield must be 'auto', 'yield' or 'no_yield'");
   c.callback_cpu = callback_cpu;
   if (!(default_timeout >= 0)) invalid("default_timeout must be a non-negative number of seconds");
   c.default_deadline = std::chrono::milliseconds(int64_t(default_timeout * 1000.0 + 0.5));

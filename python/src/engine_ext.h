@@ -25,7 +25,7 @@ class PyEngine {
            int callback_cpu, double default_timeout, size_t send_buffer_size,
            size_t send_buffer_count, int verbs_gid_index, size_t max_requests_in_flight,
            std::string queue_full, std::string metrics_address, std::string trace_file,
-           uint32_t latency_sample_every, bool busy_step_aside);
+           uint32_t latency_sample_every, bool busy_step_aside, std::string spin_yield);
 
   // The C++ engine, for the bindings of other files (stats_ext.cpp).
   TransferEngine& native() {

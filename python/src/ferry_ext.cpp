@@ -496,12 +496,13 @@ NB_MODULE(_ferry, m) {
   const auto none = nb::none();
   nb::class_<E>(m, "Engine", "The C++ TransferEngine (use ferry.TransferEngine).")
       .def(nb::init<std::string, std::vector<GroupSpec>, size_t, bool, int, double, size_t, size_t,
-                    int, size_t, std::string, std::string, std::string, uint32_t, bool>(),
+                    int, size_t, std::string, std::string, std::string, uint32_t, bool,
+                    std::string>(),
            "provider"_a, "groups"_a, "nics_per_group"_a, "busy"_a, "callback_cpu"_a,
            "default_timeout"_a, "send_buffer_size"_a, "send_buffer_count"_a,
            "verbs_gid_index"_a = -1, "max_requests_in_flight"_a = 65536, "queue_full"_a = "block",
            "metrics_address"_a = "", "trace_file"_a = "", "latency_sample_every"_a = 16,
-           "busy_step_aside"_a = true)
+           "busy_step_aside"_a = true, "spin_yield"_a = "auto")
       .def_prop_ro("main_address", &E::main_address)
       .def("addresses", &E::addresses, "group"_a.none() = 0)
       .def_prop_ro("num_groups", &E::num_groups)

@@ -117,6 +117,7 @@ void ImmTable::expect(uint32_t imm, uint32_t count, ImmCountCallback cb, Callbac
   if (it != map_.end() && !it->second.expected)
     conflict(imm, kind_of(it->second.counter, it->second.expected), "expect_imm_count");
   map_[imm] = Entry{nullptr, std::move(e), nullptr};
+  changed();
 }
 
 void ImmTable::expect_gpu_flag(uint32_t imm, uint32_t count, uint32_t* flag,
@@ -130,6 +131,7 @@ void ImmTable::expect_gpu_flag(uint32_t imm, uint32_t count, uint32_t* flag,
   if (it != map_.end() && !it->second.gpu)
     conflict(imm, kind_of(it->second.counter, it->second.expected), "imm_counter_gpu");
   map_[imm] = Entry{nullptr, nullptr, std::move(g)};
+  changed();
 }
 
 ImmCounter ImmTable::counter(uint32_t imm) {
@@ -148,6 +150,7 @@ ImmCounter ImmTable::counter(uint32_t imm) {
     e.counter->waits = waits_;
     e.counter->help = help_;
     e.counter->sample_every = wait_sample_every_;
+    changed();
   }
   return ImmCounter(e.counter);
 }
@@ -160,6 +163,7 @@ bool ImmTable::remove(uint32_t imm) {
     if (it == map_.end()) return false;
     gone = std::move(it->second.counter);
     map_.erase(it);
+    changed();
   }
   if (gone) gone->cancel();
   return true;
@@ -186,7 +190,11 @@ void ImmTable::add_plain_callback(ImmCallback cb) {
 void ImmTable::on_arrival(uint32_t imm, uint32_t n, const ArrivalClock& clock) {
   if (n == 0) return;
   std::shared_lock lk(mu_);
-  auto it = map_.find(imm);
+  dispatch(lk, map_.find(imm), imm, n, clock);
+}
+
+void ImmTable::dispatch(std::shared_lock<std::shared_mutex>& lk, Map::iterator it, uint32_t imm,
+                        uint32_t n, const ArrivalClock& clock) {
   if (it == map_.end()) {
     lk.unlock();
     // Plain callbacks still see every immediate: the event carries the count.
@@ -202,32 +210,11 @@ void ImmTable::on_arrival(uint32_t imm, uint32_t n, const ArrivalClock& clock) {
     return;
   }
   if (auto& c = it->second.counter) {
-    const bool timed = core::kStatsEnabled &&
-                       (clock.known() || c->timed_waiters.load(std::memory_order_relaxed) > 0);
-    c->add(n, timed ? clock.now() : 0);
+    count(*c, n, clock);
     return;
   }
   if (auto& g = it->second.gpu) {
-    // Ordering (docs/GPU.md): this worker read the completion of this
-    // immediate before counting it, and with the libfabric host-memory
-    // providers the data is already in host memory when its completion is
-    // read (shm copies before it writes the completion; a NIC's DMA writes
-    // precede its CQE on the same PCIe path). The acq_rel add chains every
-    // earlier arrival's count (from any worker) before ours, so the release
-    // store below is ordered after all their data; a kernel that observes the
-    // flag with ld.acquire.sys therefore reads the data, not older bytes.
-    const uint64_t before = g->arrived.fetch_add(n, std::memory_order_acq_rel);
-    const uint64_t now = before + n;
-    if (now / g->every != before / g->every) {  // crossed at least one multiple
-      auto gen = uint32_t(now / g->every);
-      std::atomic_ref<uint32_t> f(*g->flag);
-      // Two workers can reach generations k and k+1 and store out of order: a
-      // wrap-safe max keeps the flag from going backwards.
-      uint32_t cur = f.load(std::memory_order_relaxed);
-      while (int32_t(gen - cur) > 0 && !f.compare_exchange_weak(cur, gen, std::memory_order_release,
-                                                                std::memory_order_relaxed)) {
-      }
-    }
+    count(*g, n);
     return;
   }
   // A reference, not the map's entry: an inline callback may remap imm.
@@ -243,6 +230,76 @@ void ImmTable::on_arrival(uint32_t imm, uint32_t n, const ArrivalClock& clock) {
   }
   if (fires > 0 && ex->pending.fetch_add(fires, std::memory_order_acq_rel) == 0)
     callbacks_->push(ImmCountEvent{ex}, clock.now());
+}
+
+void ImmTable::count(ImmCounter::State& c, uint32_t n, const ArrivalClock& clock) {
+  const bool timed =
+      core::kStatsEnabled && (clock.known() || c.timed_waiters.load(std::memory_order_relaxed) > 0);
+  c.add(n, timed ? clock.now() : 0);
+}
+
+void ImmTable::count(GpuFlagCount& g, uint32_t n) {
+  // Ordering (docs/GPU.md): this worker read the completion of this
+  // immediate before counting it, and with the libfabric host-memory
+  // providers the data is already in host memory when its completion is
+  // read (shm copies before it writes the completion; a NIC's DMA writes
+  // precede its CQE on the same PCIe path). The acq_rel add chains every
+  // earlier arrival's count (from any worker) before ours, so the release
+  // store below is ordered after all their data; a kernel that observes the
+  // flag with ld.acquire.sys therefore reads the data, not older bytes.
+  const uint64_t before = g.arrived.fetch_add(n, std::memory_order_acq_rel);
+  const uint64_t now = before + n;
+  if (now / g.every != before / g.every) {  // crossed at least one multiple
+    auto gen = uint32_t(now / g.every);
+    std::atomic_ref<uint32_t> f(*g.flag);
+    // Two workers can reach generations k and k+1 and store out of order: a
+    // wrap-safe max keeps the flag from going backwards.
+    uint32_t cur = f.load(std::memory_order_relaxed);
+    while (int32_t(gen - cur) > 0 && !f.compare_exchange_weak(cur, gen, std::memory_order_release,
+                                                              std::memory_order_relaxed)) {
+    }
+  }
+}
+
+struct ImmArrivalCache::Line {
+  uint32_t imm = 0;
+  uint64_t version = 0;  // 0: empty
+  std::shared_ptr<ImmCounter::State> counter;
+  std::shared_ptr<GpuFlagCount> gpu;
+};
+
+ImmArrivalCache::ImmArrivalCache() : lines_(std::make_unique<Line[]>(kLines)) {}
+ImmArrivalCache::~ImmArrivalCache() = default;
+
+void ImmArrivalCache::drop_stale(const ImmTable& table) {
+  const uint64_t v = table.version_.load(std::memory_order_acquire);
+  for (uint32_t i = 0; i < kLines; ++i)
+    if (lines_[i].version != 0 && lines_[i].version != v) lines_[i] = Line{};
+}
+
+void ImmTable::on_arrival(ImmArrivalCache& cache, uint32_t imm, uint32_t n,
+                          const ArrivalClock& clock) {
+  if (n == 0) return;
+  ImmArrivalCache::Line& line = cache.lines_[imm % ImmArrivalCache::kLines];
+  // Loaded before the lookup below: a change between the two leaves the line
+  // tagged older than the table, so the next arrival looks again.
+  const uint64_t v = version_.load(std::memory_order_acquire);
+  if (line.version != v || line.imm != imm) {
+    std::shared_lock lk(mu_);
+    auto it = map_.find(imm);
+    if (it == map_.end() || it->second.expected) {
+      dispatch(lk, it, imm, n, clock);  // plain callbacks or a callback: not cached
+      return;
+    }
+    line.imm = imm;
+    line.version = v;
+    line.counter = it->second.counter;
+    line.gpu = it->second.gpu;
+  }
+  if (line.counter)
+    count(*line.counter, n, clock);
+  else
+    count(*line.gpu, n);
 }
 
 void ImmTable::run_inline(ExpectedCount& e, uint64_t fires) {

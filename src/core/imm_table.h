@@ -84,6 +84,31 @@ struct GpuFlagCount {
   std::shared_ptr<void> keep;  // owns the flag's slot while the entry lives
 };
 
+class ImmTable;
+
+// What one worker found in the ImmTable for the immediates it counted last:
+// counters and GPU flags, tagged with the table's version at the lookup, so
+// that a repeat arrival of the same value takes no lock and no hash lookup.
+// Used under its worker's loop lock (by the worker or a thread helping it),
+// so never by two threads at once. It holds its entries (a removed counter or
+// flag lives until its line is replaced or dropped): callbacks are not
+// cached, since their captures must not be released on a worker.
+class ImmArrivalCache {
+ public:
+  ImmArrivalCache();
+  ~ImmArrivalCache();
+  ImmArrivalCache(const ImmArrivalCache&) = delete;
+  ImmArrivalCache& operator=(const ImmArrivalCache&) = delete;
+  // Lets go of lines older than the table's current version.
+  void drop_stale(const ImmTable& table);
+
+ private:
+  friend class ImmTable;
+  static constexpr uint32_t kLines = 16;
+  struct Line;
+  std::unique_ptr<Line[]> lines_;
+};
+
 class ImmTable {
  public:
   explicit ImmTable(CallbackThread* callbacks) : callbacks_(callbacks) {}
@@ -117,6 +142,8 @@ class ImmTable {
   // Worker side: `n` immediates with value imm arrived (their data is visible).
   // clock: when, for the statistics (none: read where needed).
   void on_arrival(uint32_t imm, uint32_t n = 1, const ArrivalClock& clock = {});
+  // The same, through a worker's cache.
+  void on_arrival(ImmArrivalCache& cache, uint32_t imm, uint32_t n, const ArrivalClock& clock);
   // ImmCounter::wait times one wait in `every` per thread (the thread's first
   // included), like the engine's other latencies (EngineConfig::latency_sample_every).
   void set_wait_sample_every(uint32_t every) {
@@ -135,9 +162,22 @@ class ImmTable {
     std::shared_ptr<ExpectedCount> expected;
     std::shared_ptr<GpuFlagCount> gpu;
   };
+  using Map = std::unordered_map<uint32_t, Entry>;
+  // on_arrival's work once imm was looked up (it: map_.end() when nobody
+  // counts it) under lk, which it releases before any callback runs.
+  void dispatch(std::shared_lock<std::shared_mutex>& lk, Map::iterator it, uint32_t imm, uint32_t n,
+                const ArrivalClock& clock);
+  // Counts n arrivals on a counter or a GPU flag.
+  static void count(ImmCounter::State& c, uint32_t n, const ArrivalClock& clock);
+  static void count(GpuFlagCount& g, uint32_t n);
+  friend class ImmArrivalCache;
+  // Under mu_, after every change of map_.
+  void changed() { version_.fetch_add(1, std::memory_order_release); }
   CallbackThread* callbacks_;
   std::shared_mutex mu_;
-  std::unordered_map<uint32_t, Entry> map_;
+  Map map_;
+  // Read by every arrival of a cached value, written only when map_ changes.
+  alignas(64) std::atomic<uint64_t> version_{1};
   // Copy on write: callbacks run on a snapshot, outside the lock.
   std::mutex plain_mu_;
   std::shared_ptr<const std::vector<ImmCallback>> plain_;

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "core/unique_fd.h"
+#include "ferry/engine.h"
 
 namespace ferry::core {
 
@@ -91,15 +92,14 @@ class WakeFd {
 
 // How an adaptive worker polls before it blocks: EngineConfig::spin_before_block
 // (-1: 200 µs), yielding the CPU between idle iterations when the process may
-// run on fewer than 8 CPUs. With fewer cores than spinning threads (a worker
-// and an application thread per engine, two engines on two cores) a worker
-// that spins without yielding takes the core from the very thread it waits
-// for, and every hand-off waits for a scheduler tick; one that blocks at once
-// pays a wake-up per hand-off instead.
+// run on fewer than 8 CPUs (EngineConfig::spin_yield). With fewer cores than spinning threads (a
+// worker and an application thread per engine, two engines on two cores) a worker that spins
+// without yielding takes the core from the very thread it waits for, and every hand-off waits for a
+// scheduler tick; one that blocks at once pays a wake-up per hand-off instead.
 struct IdleSpin {
   std::chrono::microseconds spin;
   bool yield;
 };
-IdleSpin resolve_idle_spin(std::chrono::microseconds configured);
+IdleSpin resolve_idle_spin(std::chrono::microseconds configured, SpinYield yield);
 
 }  // namespace ferry::core

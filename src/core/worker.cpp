@@ -13,6 +13,7 @@
 
 #include "core/callback_thread.h"
 #include "core/cpu_relax.h"
+#include "core/imm_table.h"
 #include "core/log.h"
 
 namespace ferry::core {
@@ -59,11 +60,13 @@ struct AsWorker {
 
 }  // namespace
 
-IdleSpin resolve_idle_spin(std::chrono::microseconds configured) {
+IdleSpin resolve_idle_spin(std::chrono::microseconds configured, SpinYield yield) {
+  const auto spin = configured.count() >= 0 ? configured : std::chrono::microseconds(200);
+  if (yield != SpinYield::kAuto) return IdleSpin{spin, yield == SpinYield::kYield};
   cpu_set_t set;
   CPU_ZERO(&set);
   const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-  return IdleSpin{configured.count() >= 0 ? configured : std::chrono::microseconds(200), cpus < 8};
+  return IdleSpin{spin, cpus < 8};
 }
 
 bool Worker::on_worker_thread() {
@@ -217,7 +220,11 @@ void Worker::after_enqueue() {
   // answer polls meanwhile. Waking it would put a third thread on the wire's
   // path: an eventfd write, then the worker taking a core from the very
   // thread that waits for the answer.
-  if (!posted_all && sleeping_.load(std::memory_order_relaxed)) wake_up();
+  // Nor is one that stepped aside: the threads it stepped aside for poll
+  // what was left, as for a busy worker.
+  if (!posted_all && sleeping_.load(std::memory_order_acquire) &&
+      !(aside_in_spin_ && aside_active_.load(std::memory_order_relaxed)))
+    wake_up();
 }
 
 bool Worker::nothing_for_worker() {
@@ -255,6 +262,12 @@ bool Worker::help_progress() {
       want_aside_.store(true, std::memory_order_relaxed);
     return false;
   }
+  // An adaptive worker spinning without yields holds the lock the same way,
+  // but only for its spin phase: ask, and try as before (it may be about to
+  // block).
+  if (aside_in_spin_ && !sleeping_.load(std::memory_order_relaxed) &&
+      !want_aside_.load(std::memory_order_relaxed))
+    want_aside_.store(true, std::memory_order_relaxed);
   std::unique_lock loop(loop_mu_, std::try_to_lock);
   if (!loop.owns_lock() || stop_.load(std::memory_order_acquire)) return false;
   AsWorker as_worker(this);
@@ -271,7 +284,11 @@ bool Worker::help_progress() {
   flush_reposts();
   end_turn();
   helped_.store(helped_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  if (busy || polled) wake_counters().helped_polls.add();
+  if (busy || polled) {
+    helped_found_.store(helped_found_.load(std::memory_order_relaxed) + 1,
+                        std::memory_order_relaxed);
+    wake_counters().helped_polls.add();
+  }
   return busy || polled;
 }
 
@@ -322,6 +339,7 @@ void Worker::run(std::promise<Status>* init) {
   free_slots_.reserve(slots_.size());
   for (uint32_t i = slots_.size(); i-- > 0;) free_slots_.push_back(i);
   fast_ = std::make_unique<FastPost[]>(kFastPosts);
+  imm_cache_ = std::make_unique<ImmArrivalCache>();
   if (!shared_->config.trace_file.empty())
     trace_ = std::make_unique<TraceRing>(shared_->config.trace_events);
   Status st = open_nics();
@@ -345,7 +363,8 @@ void Worker::run(std::promise<Status>* init) {
   // Naps and poll(2) timeouts are short; the default 50 µs of slack would
   // make a 20 µs nap last 70.
   ::prctl(PR_SET_TIMERSLACK, 5'000UL, 0, 0, 0);
-  const IdleSpin spin = resolve_idle_spin(shared_->config.spin_before_block);
+  const IdleSpin spin =
+      resolve_idle_spin(shared_->config.spin_before_block, shared_->config.spin_yield);
   auto last_busy = Clock::now();
   auto last_helped = Clock::time_point{};
   uint32_t quiet_turns = 0;
@@ -372,6 +391,7 @@ void Worker::run(std::promise<Status>* init) {
     if (now - last_deadline_scan_ > std::chrono::milliseconds(1)) {
       last_deadline_scan_ = now;
       check_deadlines();
+      imm_cache_->drop_stale(*shared_->imms);
     }
     // Threads waiting for arrivals polled for this worker lately
     // (help_progress): they drive the NICs, and a worker that kept spinning
@@ -398,7 +418,19 @@ void Worker::run(std::promise<Status>* init) {
       }
       continue;
     }
-    // Adaptive polling from here on.
+    // Adaptive polling from here on. Spinning without yields, the worker
+    // steps aside as a busy one does for threads that spin for its
+    // arrivals, but only in its spin phase, which their finds prolong.
+    if (aside_in_spin_ && !awake && !called_ && hooks_.empty() && now - last_busy < spin.spin &&
+        (helpers_drive || want_aside_.load(std::memory_order_relaxed))) {
+      const uint32_t found = helped_found_.load(std::memory_order_relaxed);
+      step_aside(loop);
+      if (helped_found_.load(std::memory_order_relaxed) != found) {
+        last_busy = Clock::now();
+        naps_in_row_ = 0;
+      }
+      continue;
+    }
     if ((busy && !helpers_drive) || awake || std::exchange(called_, false)) {
       last_busy = now;
       naps_in_row_ = 0;
@@ -487,11 +519,14 @@ Status Worker::open_nics() {
   busy_mode_ = cfg.poll_mode == PollMode::kBusy;
   inline_posts_ = !busy_mode_ && any_thread;
   step_aside_ = busy_mode_ && any_thread && cfg.busy_step_aside;
+  aside_in_spin_ = inline_posts_ && cfg.busy_step_aside &&
+                   !resolve_idle_spin(cfg.spin_before_block, cfg.spin_yield).yield;
   std::string names;
   for (auto& i : infos_) names += (names.empty() ? "" : ", ") + i.name;
   log().info("worker {} ({}): provider {}, fabric {}, NICs [{}], poll mode {}", index_,
              group_.device.to_string(), infos_[0].provider, infos_[0].fabric, names,
-             !busy_mode_   ? "adaptive"
+             !busy_mode_
+                 ? (aside_in_spin_ ? "adaptive, stepping aside for spinning waiters" : "adaptive")
              : step_aside_ ? "busy, stepping aside for spinning waiters"
                            : "busy");
   return {};

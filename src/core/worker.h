@@ -40,6 +40,7 @@ namespace ferry::core {
 
 class CallbackThread;
 class ImmTable;
+class ImmArrivalCache;
 
 using Clock = std::chrono::steady_clock;
 
@@ -142,7 +143,7 @@ class Worker final : public OpHost {
   bool can_help() const { return inline_posts_ || step_aside_; }
   // A thread that helped stops: a worker napping or stepped aside meanwhile is woken.
   void help_leaves() {
-    if (napping_.load(std::memory_order_relaxed)) wake_up();
+    if (napping_.load(std::memory_order_acquire)) wake_up();
   }
   // Wakes submitters blocked in admit(); they return kFailedPrecondition.
   void close_admission();
@@ -227,14 +228,18 @@ class Worker final : public OpHost {
   // false when it did neither (a NIC cannot block and !may_nap).
   // `loop` (loop_mu_) is released while it blocks.
   bool idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop);
-  // A busy worker whose NICs threads spinning for arrivals poll themselves:
+  // A spinning worker (busy, or adaptive in its spin phase without yields)
+  // whose NICs threads spinning for arrivals poll themselves:
   // it spins without its loop lock (napping_ set), so that they poll and post
   // without waiting for it, until woken (a helper left), stopped, no helper
   // polled for kAsideNs, or kAsideTurnNs passed (a turn of its own is due).
   void step_aside(std::unique_lock<std::mutex>& loop);
   // Ends a nap, a block in poll(2) or a step aside (sleeping_ was seen set).
   void wake_up() {
-    if (step_aside_)
+    // An adaptive worker steps aside only now and then: the flag while it
+    // does, else its eventfd. One that has just come back finds what the
+    // waker left in its ring at its next turn, or before it sleeps.
+    if (step_aside_ || (aside_in_spin_ && aside_active_.load(std::memory_order_seq_cst)))
       aside_wake_.store(true, std::memory_order_release);
     else
       wake_.notify();
@@ -358,19 +363,30 @@ class Worker final : public OpHost {
   // threads spinning for arrivals poll them (step_aside).
   bool busy_mode_ = false;
   bool step_aside_ = false;
-  // A spinning thread found the busy worker holding its NICs: step aside.
+  // Adaptive polling whose idle polls do not yield (many CPUs): the worker
+  // steps aside the same way during its spin phase.
+  bool aside_in_spin_ = false;
+  // A spinning thread found the worker holding its NICs: step aside.
   alignas(64) std::atomic<bool> want_aside_{false};
   // Ends a step aside (wake_up): a flag, no syscall, since the worker spins.
   alignas(64) std::atomic<bool> aside_wake_{false};
+  // The worker is in step_aside: wakers of an adaptive one set aside_wake_,
+  // not its eventfd.
+  std::atomic<bool> aside_active_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;
   // help_progress calls, written under loop_mu_ (with the worker state
   // helpers touch, not on the lines a worker that stepped aside spins on); it
   // reads it every kAsideNs to see whether helpers still poll.
   alignas(64) std::atomic<uint32_t> helped_{0};
+  // Of those, the calls that found work: an adaptive worker stepped aside
+  // stays in its spin phase while they do.
+  std::atomic<uint32_t> helped_found_{0};
 
   // Worker-thread state (allocated after pinning).
   std::vector<Nic> nics_;
+  // What poll_completions counted last (imm_table.h): no lock per arrival.
+  std::unique_ptr<ImmArrivalCache> imm_cache_;
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;
   uint32_t rr_ = 0;
@@ -402,6 +418,13 @@ class Worker final : public OpHost {
   static constexpr uint32_t kFastPosts = 1024;
   std::unique_ptr<FastPost[]> fast_;
   uint64_t fast_head_ = 0, fast_tail_ = 0;
+  // The peer post_fast resolved last on NIC 0, by the interned address's
+  // pointer (stable for the engine's life): a ping-pong's every post names
+  // the same peer, and the peer table's hash lookup is one of the larger
+  // parts of the post. Valid while stale_epoch_ is and no peer is dead.
+  const NetAddr* fast_addr_ = nullptr;
+  PeerId fast_peer_ = 0;
+  uint64_t fast_epoch_ = 0;
   uint32_t window_misses_ = 0;           // await_reply windows in a row that saw no submission
   uint32_t skip_windows_ = 0;            // arrival turns left before the next window
   int64_t turn_ns_ = 0;                  // turn_ns(); 0: not read in this turn yet

@@ -26,9 +26,15 @@ bool Worker::post_fast(const Command& cmd) {
     return false;
   const bool send = cmd.fast.kind() == FastKind::kSend;
   const NetAddr* addr = send ? cmd.fast.send.addr : cmd.fast.imm.addr;
-  Status err;
-  const PeerId peer = resolve(0, *addr, &err);
-  if (!err.is_ok()) return false;  // the slot path fails it with this error
+  PeerId peer = fast_peer_;
+  if (addr != fast_addr_ || fast_epoch_ != stale_epoch_ || !dead_.empty()) {
+    Status err;
+    peer = resolve(0, *addr, &err);
+    if (!err.is_ok()) return false;  // the slot path fails it with this error
+    fast_addr_ = addr;
+    fast_peer_ = peer;
+    fast_epoch_ = stale_epoch_;
+  }
   const uint64_t pos = fast_tail_;
   const uint32_t idx = uint32_t(pos % kFastPosts);
   const uint32_t gen = uint32_t(pos / kFastPosts) & 0xFFFFFF;

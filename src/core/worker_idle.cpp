@@ -1,7 +1,8 @@
 // How an adaptive worker sleeps when it has nothing to do: blocked in poll(2)
 // on its submission eventfd and every NIC's wait object, or, where a NIC has
 // none, in naps that lengthen while nothing comes (wake.h counts each end);
-// and how a busy worker steps aside for threads that poll its NICs.
+// and how a spinning worker (busy, or adaptive in its spin phase on a host
+// with CPUs to spare) steps aside for threads that poll its NICs.
 #include <poll.h>
 #include <sched.h>
 
@@ -50,7 +51,8 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
   }
   if (!all_blockable && !may_nap) return false;
   napped_ = !all_blockable;
-  sleeping_.store(true, std::memory_order_relaxed);
+  // Release: a waker that sees it asleep sees it no longer aside (wake_up).
+  sleeping_.store(true, std::memory_order_release);
   std::atomic_thread_fence(std::memory_order_seq_cst);  // mirror of submit()
   if (has_commands() || stop_.load()) {
     sleeping_.store(false);
@@ -86,7 +88,7 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
     }
   } else {
     wc.naps.fetch_add(1, std::memory_order_relaxed);
-    napping_.store(true, std::memory_order_relaxed);
+    napping_.store(true, std::memory_order_release);
     timespec ts{0, kFirstNapNs << std::min(naps_in_row_, kMaxNapDoublings)};
     ++naps_in_row_;
     // A submission ends the nap early.
@@ -105,6 +107,8 @@ void Worker::step_aside(std::unique_lock<std::mutex>& loop) {
   if (want_aside_.load(std::memory_order_relaxed))
     want_aside_.store(false, std::memory_order_relaxed);
   aside_wake_.store(false, std::memory_order_relaxed);
+  // Before sleeping_: a waker that sees that sees this too (wake_up).
+  aside_active_.store(true, std::memory_order_seq_cst);
   napped_ = true;
   // Submitters that found the worker not aside left their commands in the
   // ring: post them first (helpers are spinning, so the next ones will come
@@ -118,7 +122,10 @@ void Worker::step_aside(std::unique_lock<std::mutex>& loop) {
     if (!has_commands() && !stop_.load()) break;
     napping_.store(false, std::memory_order_relaxed);
     sleeping_.store(false, std::memory_order_seq_cst);
-    if (tries == 3 || stop_.load()) return;
+    if (tries == 3 || stop_.load()) {
+      aside_active_.store(false, std::memory_order_relaxed);
+      return;
+    }
     post_queued();
   }
   wake_counters().asides.add();
@@ -153,6 +160,9 @@ void Worker::step_aside(std::unique_lock<std::mutex>& loop) {
     for (int k = 0; k < 32; ++k) cpu_relax();
   napping_.store(false, std::memory_order_relaxed);
   sleeping_.store(false, std::memory_order_seq_cst);
+  // After sleeping_: a waker that still saw the worker asleep saw it aside,
+  // and neither writes its eventfd nor needs to (it is back at work).
+  aside_active_.store(false, std::memory_order_seq_cst);
 }
 
 }  // namespace ferry::core

@@ -186,7 +186,8 @@ bool Worker::poll_completions() {
         case Completion::Kind::kRemoteImm:
           note_completion(k, c);
           if (c.status.is_ok()) {
-            shared_->imms->on_arrival(c.imm, c.count, ArrivalClock(&Worker::turn_ns_of, this));
+            shared_->imms->on_arrival(*imm_cache_, c.imm, c.count,
+                                      ArrivalClock(&Worker::turn_ns_of, this));
             ++arrivals_;
           } else
             log().warn("NIC {}: incoming immediate failed: {}", infos_[k].name, c.status.message());

@@ -20,8 +20,8 @@ namespace {
 using core::cpu_relax;
 
 // Releases a flag slot when the last ImmTable entry referring to it is gone:
-// a worker inside on_arrival holds the entry, so the slot is never reused
-// while a store to it may still be coming.
+// a worker inside on_arrival, or a worker's arrival cache, holds the entry,
+// so the slot is never reused while a store to it may still be coming.
 struct FlagLease {
   std::shared_ptr<SlotPool> pool;
   uint32_t slot;

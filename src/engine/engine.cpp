@@ -137,8 +137,8 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
           for (auto& w : *workers) w->help_leaves();
         });
     im.imms->set_progress_help(im.help);
-    im.callbacks->set_progress_help(im.help.get(),
-                                    core::resolve_idle_spin(config.spin_before_block).spin);
+    im.callbacks->set_progress_help(
+        im.help.get(), core::resolve_idle_spin(config.spin_before_block, config.spin_yield).spin);
   }
   core::Worker* w0 = im.workers[0].get();
   Status err = w0->call(

@@ -154,7 +154,7 @@ TEST_P(Wake, BusyWorkersNeverBlock) {
   }
   EXPECT_EQ(Snapshot::now().blocks, before.blocks);
   EXPECT_EQ(Snapshot::now().notifies, before.notifies);
-  // Who posts and polls: busy_step_aside_test.cpp.
+  // Who posts and polls: step_aside_test.cpp.
 }
 
 // Several threads submitting to one busy engine at once: every write lands

@@ -129,6 +129,41 @@ def test_busy_step_aside_reaches_the_engine():
     assert r.stderr.count("poll mode busy") == 4, r.stderr
 
 
+def test_spin_yield_reaches_the_engine():
+    # An adaptive worker whose idle polls do not yield steps aside for spinning waiters,
+    # and its start-up line says so; "auto" yields where fewer than 8 CPUs are ours. A
+    # ping-pong runs in every mode with the same counts.
+    code = """if True:
+        import numpy as np, ferry
+        for mode in ("no_yield", "yield", "auto"):
+            a = ferry.TransferEngine("shm", nics=["shm"], spin_yield=mode)
+            b = ferry.TransferEngine("shm", nics=["shm"], spin_yield=mode)
+            with a, b:
+                _, da = a.register(np.zeros(16, np.uint8))
+                _, db = b.register(np.zeros(16, np.uint8))
+                ping, pong = b.imm_counter(1), a.imm_counter(2)
+                for _ in range(50):
+                    a.submit_imm(1, db)
+                    ping.wait(1, 20)
+                    b.submit_imm(2, da)
+                    pong.wait(1, 20)
+                assert ping.value == 0 and pong.value == 0
+        try:
+            ferry.TransferEngine("shm", nics=["shm"], spin_yield="sometimes")
+        except ferry.InvalidArgument:
+            print("ok")
+    """
+    env = dict(os.environ, FERRY_LOG="info")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+    auto_steps = len(os.sched_getaffinity(0)) >= 8
+    assert r.stderr.count("poll mode adaptive, stepping aside for spinning waiters") == (
+        4 if auto_steps else 2
+    ), r.stderr
+    assert r.stderr.count("poll mode adaptive") == 6, r.stderr
+
+
 def test_verbs_gid_index_reaches_the_engine():
     # No verbs NIC here: the engine's warning that another provider ignores the index is
     # what shows the value arrived in EngineConfig::verbs_gid_index. A fresh process,

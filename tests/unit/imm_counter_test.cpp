@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <thread>
 
 #include "core/callback_thread.h"
@@ -204,6 +205,67 @@ TEST(ImmTable, GpuFlagAdvancesToTheLastGenerationARunCrosses) {
   EXPECT_EQ(flag, 1u);
   t.on_arrival(4, 20);  // 28 arrivals: generation 3
   EXPECT_EQ(flag, 3u);
+}
+
+// A worker's arrival cache counts like the table, and every change of the
+// table reaches the next arrival: a new counter for a removed one, a callback
+// for a counter, plain callbacks once nothing counts the value, a GPU flag. Values that
+// share a line (5 and 21 of 16 lines) evict each other.
+TEST(ImmArrivalCache, CountsLikeTheTableAndSeesEveryChange) {
+  ImmTable t(nullptr);
+  CallbackThread cb(&t, -1);
+  t.set_callbacks(&cb);
+  ImmArrivalCache cache;
+  std::atomic<int> plain{0}, fired{0};
+  t.add_plain_callback([&](uint32_t imm) {
+    if (imm == 5) plain.fetch_add(1);
+  });
+  auto first = t.counter(5);
+  auto other = t.counter(21);
+  for (int i = 0; i < 10; ++i) {
+    t.on_arrival(cache, 5, 2, {});
+    t.on_arrival(cache, 21, 1, {});
+  }
+  EXPECT_EQ(first.value(), 20);
+  EXPECT_EQ(other.value(), 10);
+
+  t.remove(5);
+  auto second = t.counter(5);
+  t.on_arrival(cache, 5, 3, {});
+  EXPECT_EQ(first.value(), 20) << "an arrival after remove() went to the removed counter";
+  EXPECT_EQ(second.value(), 3);
+
+  t.remove(5);
+  t.expect(5, 2, [&] { fired.fetch_add(1); });
+  for (int i = 0; i < 4; ++i) t.on_arrival(cache, 5, 1, {});
+  EXPECT_EQ(second.value(), 3);
+
+  t.remove(5);
+  t.on_arrival(cache, 5, 1, {});
+  alignas(4) uint32_t flag = 0;
+  t.expect_gpu_flag(21 + 16, 1, &flag, nullptr);  // a third value on the same line
+  t.on_arrival(cache, 37, 2, {});
+  EXPECT_EQ(flag, 2u);
+  cb.stop();
+  EXPECT_EQ(fired.load(), 2);
+  EXPECT_EQ(plain.load(), 1) << "plain callbacks see the arrival of 5 that nothing counted";
+}
+
+// A removed counter or flag stays alive in the cache only until a look at the
+// table's version finds its line stale.
+TEST(ImmArrivalCache, DropStaleLetsGoOfRemovedEntries) {
+  ImmTable t(nullptr);
+  ImmArrivalCache cache;
+  auto lease = std::make_shared<int>(0);
+  std::weak_ptr<int> watch = lease;
+  alignas(4) uint32_t flag = 0;
+  t.expect_gpu_flag(3, 1, &flag, std::move(lease));
+  t.on_arrival(cache, 3, 1, {});
+  EXPECT_EQ(flag, 1u);
+  t.remove(3);
+  EXPECT_FALSE(watch.expired()) << "the cache holds the entry it counted last";
+  cache.drop_stale(t);
+  EXPECT_TRUE(watch.expired());
 }
 
 }  // namespace

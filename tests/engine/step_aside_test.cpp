@@ -1,7 +1,9 @@
-// A busy worker steps aside for threads that spin on its counters and queues
-// (EngineConfig::busy_step_aside): they poll its NICs and post their own
-// submissions, with no crossing to the worker. The assertions count what each
-// thread did (wake.h), so they hold on a loaded machine; no latency bound is
+// A spinning worker steps aside for threads that spin on its counters and
+// queues (EngineConfig::busy_step_aside): they poll its NICs and post their
+// own submissions, with no crossing to the worker. Busy workers, and adaptive
+// ones in their spin phase where idle polls do not yield (many CPUs; forced
+// here with EngineConfig::spin_yield). The assertions count what each thread
+// did (wake.h), so they hold on a loaded machine; no latency bound is
 // asserted.
 #include <gtest/gtest.h>
 
@@ -10,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "core/wake.h"
 #include "ferry/ferry.h"
@@ -23,19 +26,30 @@ namespace {
 using namespace std::chrono_literals;
 using core::wake_counters;
 
-EngineConfig busy(const std::string& kind, bool step_aside = true) {
-  EngineConfig c = test::config_for(kind);
-  c.poll_mode = PollMode::kBusy;
+// (provider, poll mode): "busy", or "adaptive" spinning without yields for
+// long enough that the spin phase outlasts each test.
+using Param = std::tuple<std::string, std::string>;
+
+EngineConfig spinning(const Param& p, bool step_aside = true,
+                      std::chrono::microseconds spin = std::chrono::microseconds(60'000'000)) {
+  EngineConfig c = test::config_for(std::get<0>(p));
+  if (std::get<1>(p) == "busy") {
+    c.poll_mode = PollMode::kBusy;
+  } else {
+    c.poll_mode = PollMode::kAdaptive;
+    c.spin_yield = SpinYield::kNoYield;
+    c.spin_before_block = spin;
+  }
   c.busy_step_aside = step_aside;
   return c;
 }
 
 struct Counts {
-  uint64_t asides, helped_polls, inline_posts, notifies, blocks;
+  uint64_t asides, helped_polls, inline_posts, notifies, blocks, naps;
   static Counts now() {
     auto& w = wake_counters();
-    return {w.asides.load(), w.helped_polls.load(), w.inline_posts.load(), w.notifies.load(),
-            w.blocks.load()};
+    return {w.asides.load(),   w.helped_polls.load(), w.inline_posts.load(),
+            w.notifies.load(), w.blocks.load(),       w.naps.load()};
   }
 };
 
@@ -69,10 +83,10 @@ void ping_pong(TransferEngine& a, TransferEngine& b, int batch, Done&& done) {
   EXPECT_EQ(pong.value(), 0);
 }
 
-class BusyStepAside : public ::testing::TestWithParam<std::string> {};
+class StepAside : public ::testing::TestWithParam<Param> {};
 
-TEST_P(BusyStepAside, SpinningWaitersDriveTheNicsAndPostTheirOwnAnswers) {
-  TransferEngine a(busy(GetParam())), b(busy(GetParam()));
+TEST_P(StepAside, SpinningWaitersDriveTheNicsAndPostTheirOwnAnswers) {
+  TransferEngine a(spinning(GetParam())), b(spinning(GetParam()));
   const Counts before = Counts::now();
   // Where threads outnumber cores (this suite under a sanitizer on two cores)
   // a waiter may not run within a step aside's 50 µs, and the worker takes
@@ -87,15 +101,16 @@ TEST_P(BusyStepAside, SpinningWaitersDriveTheNicsAndPostTheirOwnAnswers) {
   EXPECT_GE(after.asides - before.asides, 1u) << "no worker stepped aside";
   EXPECT_GE(after.helped_polls - before.helped_polls, 1u) << "no waiter polled";
   EXPECT_GE(after.inline_posts - before.inline_posts, 1u) << "no submitter posted itself";
-  // No worker blocks and nobody writes an eventfd (a worker that stepped
-  // aside spins on a flag).
-  EXPECT_EQ(after.blocks, before.blocks) << "a busy worker blocked in poll(2)";
+  // No worker blocks or naps and nobody writes an eventfd (a worker that
+  // stepped aside spins on a flag).
+  EXPECT_EQ(after.blocks, before.blocks) << "a spinning worker blocked in poll(2)";
+  EXPECT_EQ(after.naps, before.naps) << "a spinning worker napped";
   EXPECT_EQ(after.notifies, before.notifies) << "an eventfd was written";
 }
 
-// Off, the busy worker keeps its NICs: it posts and polls everything.
-TEST_P(BusyStepAside, OffTheWorkerPostsAndPollsEverything) {
-  TransferEngine a(busy(GetParam(), false)), b(busy(GetParam(), false));
+// Off, the spinning worker keeps its NICs: it posts and polls everything.
+TEST_P(StepAside, OffTheWorkerPostsAndPollsEverything) {
+  TransferEngine a(spinning(GetParam(), false)), b(spinning(GetParam(), false));
   const Counts before = Counts::now();
   ping_pong(a, b, 100, [] { return true; });
   const Counts after = Counts::now();
@@ -107,8 +122,8 @@ TEST_P(BusyStepAside, OffTheWorkerPostsAndPollsEverything) {
 // While a thread spins on a counter that never fills (the worker aside for
 // it), transfers that need the worker (OnDone counters: slots, plans, shards)
 // still complete with their bytes, from this and other threads at once.
-TEST_P(BusyStepAside, TransfersWithOnDoneCompleteWhileAWaiterDrivesTheNics) {
-  TransferEngine a(busy(GetParam())), b(busy(GetParam()));
+TEST_P(StepAside, TransfersWithOnDoneCompleteWhileAWaiterDrivesTheNics) {
+  TransferEngine a(spinning(GetParam())), b(spinning(GetParam()));
   auto never = a.imm_counter(43);
   const uint64_t asides = wake_counters().asides.load();
   // Stopped and joined however the test ends.
@@ -132,10 +147,10 @@ TEST_P(BusyStepAside, TransfersWithOnDoneCompleteWhileAWaiterDrivesTheNics) {
 // stop() ends a step aside, the waits of the threads the worker stepped aside
 // for and the submissions of a thread posting for it meanwhile; repeated, so
 // that stop() lands at different points of a step aside.
-TEST_P(BusyStepAside, StopEndsTheStepAsideTheWaitsAndTheSubmissions) {
-  const int cycles = GetParam() == "tcp" ? 10 : 30;
+TEST_P(StepAside, StopEndsTheStepAsideTheWaitsAndTheSubmissions) {
+  const int cycles = std::get<0>(GetParam()) == "tcp" ? 10 : 30;
   for (int c = 0; c < cycles; ++c) {
-    auto a = std::make_unique<TransferEngine>(busy(GetParam()));
+    auto a = std::make_unique<TransferEngine>(spinning(GetParam()));
     auto self = test::region(*a, 4096);
     auto never = a->imm_counter(44);
     const uint64_t asides = wake_counters().asides.load();
@@ -168,8 +183,37 @@ TEST_P(BusyStepAside, StopEndsTheStepAsideTheWaitsAndTheSubmissions) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, BusyStepAside, ::testing::Values("fake", "tcp", "shm"),
-                         [](const auto& info) { return info.param; });
+// An adaptive worker's spin phase is prolonged only by what its helpers
+// find: a thread that spins on a counter nothing arrives for does not keep it
+// spinning, and it naps or blocks as it did before it stepped aside (its idle
+// CPU does not grow).
+TEST_P(StepAside, AnAdaptiveWorkerWhoseWaiterFindsNothingSleepsAfterItsSpinPhase) {
+  if (std::get<1>(GetParam()) != "adaptive") GTEST_SKIP() << "busy workers never sleep";
+  TransferEngine a(spinning(GetParam(), true, 20'000us));
+  auto never = a.imm_counter(46);
+  const Counts before = Counts::now();
+  std::atomic<bool> stop{false};
+  std::thread spinner([&] {
+    while (!stop.load()) never.try_consume(1);
+  });
+  const bool slept = test::wait_until(
+      [&] {
+        const Counts now = Counts::now();
+        return now.asides > before.asides && now.naps + now.blocks > before.naps + before.blocks;
+      },
+      10s);
+  stop = true;
+  spinner.join();
+  EXPECT_TRUE(slept) << "asides " << Counts::now().asides - before.asides
+                     << "; the worker never napped or blocked while a waiter spun";
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, StepAside,
+                         ::testing::Combine(::testing::Values("fake", "tcp", "shm"),
+                                            ::testing::Values("busy", "adaptive")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
 
 }  // namespace
 }  // namespace ferry
