@@ -14,9 +14,13 @@
 // ferry - relay the engine's own path.
 //
 //   self_imm_bench [--provider fake|shm|tcp] [--cpus A,B] [--iters N] [--rounds R] [--baselines]
+//                  [--on-worker] [--idle-polls]
 //
 // Prints, per round and implementation, the p50 and p99 of the round trip in
-// nanoseconds.
+// nanoseconds. With --idle-polls, also the cost of one poll that finds nothing:
+// the raw provider's CQ read against ferry's try_consume on a counter nothing
+// arrives for (the busy worker stepped aside, so the call polls the NIC
+// itself): a spinning waiter sees an arrival at most one such poll late.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -76,8 +80,21 @@ bool spin_until(Clock::time_point give_up, Done&& done) {
   return true;
 }
 
+// Nanoseconds per call of poll(), `calls` times in a row.
+template <typename Poll>
+void report_idle(const std::string& what, size_t round, size_t calls, Poll&& poll) {
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < calls; ++i) poll();
+  const double ns =
+      double(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+  std::printf("%s round %zu: %zu empty polls, %.1f ns each\n", what.c_str(), round, calls,
+              ns / double(calls));
+  std::fflush(stdout);
+}
+
 // The raw provider, one endpoint writing to itself.
-bool raw_rounds(const std::string& provider, size_t round, size_t iters, int worker_cpu) {
+bool raw_rounds(const std::string& provider, size_t round, size_t iters, int worker_cpu,
+                bool idle_polls) {
   using ferry_bench::RawEvent;
   ferry_bench::RawFabric rf(provider, {provider == "shm" ? "shm" : "lo"});
   std::vector<uint8_t> region(4096);
@@ -107,6 +124,7 @@ bool raw_rounds(const std::string& provider, size_t round, size_t iters, int wor
     });
   });
   if (!raw_ok) return false;
+  if (idle_polls) report_idle(provider + " raw", round, iters, [&] { rf.poll(0, ev, 32); });
   ferry_bench::RawRelay relay(rf, worker_cpu, false, region.data(), reg.bases[0], reg.keys[0], 7);
   uint64_t sent = 0;
   const bool relay_ok =
@@ -125,7 +143,7 @@ int main(int argc, char** argv) {
   std::string provider = "fake";
   int app_cpu = 0, worker_cpu = 1;
   size_t iters = 200000, rounds = 3;
-  bool baselines = false, on_worker = false;
+  bool baselines = false, on_worker = false, idle_polls = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -143,10 +161,12 @@ int main(int argc, char** argv) {
       baselines = true;
     } else if (a == "--on-worker") {
       on_worker = true;
+    } else if (a == "--idle-polls") {
+      idle_polls = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--provider P] [--cpus A,B] [--iters N] [--rounds R] [--baselines] "
-                   "[--on-worker]\n",
+                   "[--on-worker] [--idle-polls]\n",
                    argv[0]);
       return 2;
     }
@@ -158,7 +178,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (size_t r = 0; r < rounds; ++r) {
-    if (baselines && !raw_rounds(provider, r, iters, worker_cpu)) return 1;
+    if (baselines && !raw_rounds(provider, r, iters, worker_cpu, idle_polls)) return 1;
     // A fresh engine per round: its busy worker would otherwise spin on the
     // CPU the relay's NIC thread takes.
     ferry::EngineConfig c;
@@ -175,6 +195,15 @@ int main(int argc, char** argv) {
                            e.submit_imm(7, desc, ferry::OnDone::none());
                            return spin_until(give_up, [&] { return counter.try_consume(1); });
                          });
+    if (ok && idle_polls) {
+      // Ask the worker to step aside, then time the polls of a waiter that
+      // finds nothing.
+      auto never = e.imm_counter(9);
+      for (int i = 0; i < 100000; ++i) never.try_consume(1);
+      report_idle(provider + " ferry", r, iters, [&] {
+        if (never.try_consume(1)) std::abort();
+      });
+    }
     if (ok && on_worker) {
       // The same loop run by the worker alone: each arrival's callback, on
       // the worker, submits the next immediate. No thread crossing: the

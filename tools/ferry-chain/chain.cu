@@ -22,6 +22,11 @@
 // word and publishes i, B's thread sees it and stores B's flag, and back.
 // Host-clock stamps (CLOCK_MONOTONIC, one clock for both processes) give the
 // forward leg A callback -> B callback and the cost of the submit call.
+// With --op write4k a second floor moves the same 4 KiB per hop the plain way
+// before it publishes: nvlink, a cudaMemcpyAsync into the peer's GPU buffer
+// (CUDA IPC) and a spin on its event; shm, a memcpy into a shared page. The
+// engine's write is then compared with the copy it needs, not only with a
+// relay that moves no data.
 // Two processes' kernels on one GPU do not run at the same time unless MPS
 // serves both: each hop then waits for the GPU's time slice (about 2.2 ms on
 // an H200), floor and engine alike. Run it under MPS, or with A and B on two
@@ -38,6 +43,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 #include <thread>
@@ -76,6 +82,7 @@ struct Shared {
   alignas(64) std::atomic<int> abort{0};
   static constexpr int kMax = 100'000;
   int64_t a_cb[kMax + 1], a_sub[kMax + 1], b_cb[kMax + 1];
+  alignas(4096) uint8_t a2b_data[4096], b2a_data[4096];  // the copying floor over shm
 };
 
 int64_t now_ns() {
@@ -183,9 +190,61 @@ std::vector<double> rtts(const std::vector<uint64_t>& ns, int n) {
 
 // ----------------------------------------------------------------- floor
 
+// How the copying floor moves 4 KiB to the peer before it publishes a hop
+// (nullptr: the plain floor, no data).
+struct FloorCopy {
+  virtual ~FloorCopy() = default;
+  virtual void copy() = 0;
+};
+
+// GPU to the peer's GPU buffer through CUDA IPC: the copy engine, as the
+// NVLink domain uses for a lone write, and a spin on its event.
+struct GpuCopy : FloorCopy {
+  void* src = nullptr;
+  void* mine = nullptr;  // what the peer copies into
+  void* dst = nullptr;   // the peer's buffer, opened here
+  cudaStream_t s = nullptr;
+  cudaEvent_t ev = nullptr;
+  GpuCopy(int fd) {
+    CK(cudaMalloc(&src, 4096));
+    CK(cudaMalloc(&mine, 4096));
+    CK(cudaMemset(src, 7, 4096));
+    cudaIpcMemHandle_t h{};
+    CK(cudaIpcGetMemHandle(&h, mine));
+    send_all(fd, &h, sizeof(h));
+    recv_all(fd, &h, sizeof(h));
+    CK(cudaIpcOpenMemHandle(&dst, h, cudaIpcMemLazyEnablePeerAccess));
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  }
+  ~GpuCopy() override {
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(s);
+    cudaIpcCloseMemHandle(dst);
+    cudaFree(mine);
+    cudaFree(src);
+  }
+  void copy() override {
+    CK(cudaMemcpyAsync(dst, src, 4096, cudaMemcpyDeviceToDevice, s));
+    CK(cudaEventRecord(ev, s));
+    while (cudaEventQuery(ev) == cudaErrorNotReady) {
+    }
+  }
+};
+
+// Host memory into a page both processes map, as libfabric shm copies.
+struct HostCopy : FloorCopy {
+  uint8_t src[4096];
+  uint8_t* dst;
+  HostCopy(Shared* sh, bool is_a) : dst(is_a ? sh->a2b_data : sh->b2a_data) {
+    std::memset(src, 7, sizeof(src));
+  }
+  void copy() override { std::memcpy(dst, src, sizeof(src)); }
+};
+
 // Each process' relay thread: its own word -> the shared page -> the peer's
 // flag, and the peer's word back into its own flag.
-void relay(Shared* sh, Words& w, bool is_a, int n) {
+void relay(Shared* sh, Words& w, bool is_a, int n, FloorCopy* data) {
   std::atomic<uint64_t>& out = is_a ? sh->a2b : sh->b2a;
   std::atomic<uint64_t>& in = is_a ? sh->b2a : sh->a2b;
   uint64_t sent = 0, got = 0;
@@ -195,6 +254,7 @@ void relay(Shared* sh, Words& w, bool is_a, int n) {
     uint64_t v = hload(w.word());
     if (v != sent) {
       (is_a ? sh->a_cb : sh->b_cb)[v] = now_ns();
+      if (data != nullptr) data->copy();
       out.store(sent = v, std::memory_order_release);
     }
     uint64_t r = in.load(std::memory_order_acquire);
@@ -287,16 +347,21 @@ std::vector<uint64_t> ferry_side(const Options& o, Shared* sh, int fd, bool is_a
   return out;
 }
 
-std::vector<uint64_t> floor_side(const Options& o, Shared* sh, int fd, bool is_a) {
+std::vector<uint64_t> floor_side(const Options& o, Shared* sh, int fd, bool is_a, bool copying) {
   const int n = o.iters;
   Words w;
+  std::unique_ptr<FloorCopy> data;
+  if (copying && o.provider == "nvlink")
+    data = std::make_unique<GpuCopy>(fd);
+  else if (copying)
+    data = std::make_unique<HostCopy>(sh, is_a);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   uint64_t* rtt = nullptr;
   CK(cudaMalloc(&rtt, (n + 1) * 8));
   CK(cudaMemset(rtt, 0, (n + 1) * 8));
   sync_point(fd);
-  std::thread t([&] { relay(sh, w, is_a, n); });
+  std::thread t([&] { relay(sh, w, is_a, n, data.get()); });
   if (is_a)
     pinger<<<1, 1, 0, s>>>(w.word(), w.flag(), rtt, n);
   else
@@ -372,14 +437,25 @@ int main(int argc, char** argv) {
   }
   CK(cudaSetDevice(o.gpu));
 
-  std::vector<uint64_t> floor_ns = floor_side(o, sh, fd, is_a);
-  std::vector<double> floor_fwd, none;
+  std::vector<uint64_t> floor_ns = floor_side(o, sh, fd, is_a, false);
+  std::vector<double> floor_fwd, none, copy_fwd;
   if (is_a) {  // B waits at the sync point below: the stamps are A's to read and clear
     legs(sh, o.iters, false, &floor_fwd, &none);
     std::memset(sh->a_cb, 0, sizeof(sh->a_cb));
     std::memset(sh->b_cb, 0, sizeof(sh->b_cb));
   }
   sync_point(fd);
+  const bool writes = o.op == "write4k";
+  std::vector<uint64_t> copy_ns;
+  if (writes) {
+    copy_ns = floor_side(o, sh, fd, is_a, true);
+    if (is_a) {
+      legs(sh, o.iters, false, &copy_fwd, &none);
+      std::memset(sh->a_cb, 0, sizeof(sh->a_cb));
+      std::memset(sh->b_cb, 0, sizeof(sh->b_cb));
+    }
+    sync_point(fd);
+  }
   std::vector<uint64_t> ferry_ns = ferry_side(o, sh, fd, is_a);
   if (!is_a) return 0;
   int status = 0;
@@ -405,14 +481,25 @@ int main(int argc, char** argv) {
       fl.at(0.5) > 0 ? fe.at(0.5) / fl.at(0.5) : 0.0,
       fe.at(0.5) > 0 ? fe.at(0.99) / fe.at(0.5) : 0.0, flf.at(0.5), flf.at(0.99), fef.at(0.5),
       fef.at(0.99), fes.at(0.5), fes.at(0.99), fl.at(0.5) - flf.at(0.5), fe.at(0.5) - fef.at(0.5));
+  if (writes) {
+    const Q fc(rtts(copy_ns, o.iters)), fcf(copy_fwd);
+    const size_t used = std::strlen(buf);
+    std::snprintf(buf + used, sizeof(buf) - used,
+                  "floor moving the same 4 KiB per hop (%s): round trip n=%zu p50 %.2f p99 %.2f "
+                  "us, forward leg p50 %.2f p99 %.2f us | ferry / this floor: p50 %.2f\n",
+                  o.provider == "nvlink" ? "cudaMemcpyAsync to the peer's GPU + event" : "memcpy",
+                  fc.v.size(), fc.at(0.5), fc.at(0.99), fcf.at(0.5), fcf.at(0.99),
+                  fc.at(0.5) > 0 ? fe.at(0.5) / fc.at(0.5) : 0.0);
+  }
   std::fputs(buf, stdout);
   if (!o.out.empty())
     if (FILE* f = std::fopen(o.out.c_str(), "a")) {
       std::fputs(buf, f);
       std::fclose(f);
     }
-  const bool complete =
-      fe.v.size() + kWarm == size_t(o.iters) && fl.v.size() + kWarm == size_t(o.iters);
+  const bool complete = fe.v.size() + kWarm == size_t(o.iters) &&
+                        fl.v.size() + kWarm == size_t(o.iters) &&
+                        (!writes || rtts(copy_ns, o.iters).size() + kWarm == size_t(o.iters));
   if (!complete) std::fprintf(stderr, "ferry-chain: some round trips were lost\n");
   return complete && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
