@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <string>
 
 #include "core/cpu_relax.h"
@@ -23,6 +24,7 @@ constexpr uint32_t kSpinPollsPerClock = 256;
 
 CallbackThread::CallbackThread(ImmTable* imms, int cpu, bool spin)
     : imms_(imms), cpu_(cpu), spin_(spin) {
+  own_.reserve(kOwnMax);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -78,11 +80,14 @@ void CallbackThread::run() {
   uint32_t empty_polls = 0;
   bool helped = false;  // polled for the workers since the last event
   for (;;) {
+    if (!own_.empty()) last_event_ns = run_own();
     size_t n = q_.try_dequeue_bulk(batch, 32);
     // Once stopping, leave as soon as the queue is drained (stop() pushed an
     // empty event to wake us), not after another idle timeout or help window;
     // its count is exact only once that push has returned (stop()).
-    if (n == 0 && wake_pushed_.load(std::memory_order_acquire) && q_.size_approx() == 0) return;
+    if (n == 0 && wake_pushed_.load(std::memory_order_acquire) && q_.size_approx() == 0 &&
+        own_.empty())
+      return;
     if (n == 0 && spin_) {
       // A blocked thread is woken through a futex: several microseconds per
       // callback, as much as a whole immediate round trip. But an engine whose
@@ -120,6 +125,21 @@ void CallbackThread::run() {
     }
     for (size_t i = 0; i < n; ++i) dispatch(batch[i].ev);
   }
+}
+
+int64_t CallbackThread::run_own() {
+  // One clock read serves the help window and the queue delays, as for a batch.
+  const int64_t now = now_ns();
+  // By index: a callback run here may push more (it polled for a worker).
+  for (size_t i = 0; i < own_.size(); ++i) {
+    if constexpr (kStatsEnabled)
+      if (own_[i].pushed_ns != 0)
+        delay_.record(uint64_t(std::max<int64_t>(0, now - own_[i].pushed_ns)));
+    CallbackEvent ev = std::move(own_[i].ev);
+    dispatch(ev);
+  }
+  own_.clear();
+  return now;
 }
 
 void CallbackThread::dispatch(CallbackEvent& ev) {

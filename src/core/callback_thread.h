@@ -13,6 +13,7 @@
 #include <thread>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "core/progress_help.h"
 #include "core/stats.h"
@@ -71,7 +72,16 @@ class CallbackThread {
   // pusher's kFrom* bits, if it knows them.
   void push(CallbackEvent ev, int64_t now = 0, uint8_t origin = 0) {
     if (stop_.load(std::memory_order_relaxed)) origin |= kAfterStop;
-    if (t_callback_thread_of == this) origin |= kFromThisThread;
+    if (t_callback_thread_of == this) {
+      // This thread's own events (found while it polled for a worker, or by
+      // a callback it runs) skip the queue: it runs them at its next turn.
+      if (own_.size() < kOwnMax) {
+        own_.push_back(Queued{std::move(ev), kStatsEnabled ? (now != 0 ? now : now_ns()) : 0,
+                              uint8_t(origin | kFromThisThread)});
+        return;
+      }
+      origin |= kFromThisThread;
+    }
     if constexpr (kStatsEnabled)
       q_.enqueue(Queued{std::move(ev), now != 0 ? now : now_ns(), origin});
     else
@@ -108,6 +118,9 @@ class CallbackThread {
  private:
   void run();
   void dispatch(CallbackEvent& ev);
+  // Runs own_ (events this thread pushed itself), also those pushed
+  // meanwhile; returns the clock it read first.
+  int64_t run_own();
   void note_failure(const char* what, const char* why) noexcept;
   struct Queued {
     CallbackEvent ev;
@@ -119,6 +132,11 @@ class CallbackThread {
   int cpu_;
   bool spin_;
   moodycamel::BlockingConcurrentQueue<Queued> q_;
+  // Events the callback thread pushed itself: only it touches them. Bounded,
+  // and reserved up front (no allocation on the way); past kOwnMax they go
+  // through q_.
+  static constexpr size_t kOwnMax = 256;
+  std::vector<Queued> own_;
   StatHistogram delay_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> wake_pushed_{false};  // stop()'s wake-up is queued and counted
