@@ -19,6 +19,10 @@ namespace {
 // long without an event; it checks every this many empty polls.
 constexpr int64_t kSpinWindowNs = 1'000'000'000;
 constexpr uint32_t kSpinPollsPerClock = 256;
+// An adaptive thread helping the workers yields its core only after this many
+// fruitless polls in a row, as ImmCounter::wait spins (core/arrival_wait.h):
+// a yield per poll puts a system call between an arrival and its callback.
+constexpr uint32_t kHelpPollsBeforeYield = 200;
 
 }  // namespace
 
@@ -78,7 +82,8 @@ void CallbackThread::run() {
   // core, and the first event (one wake-up) starts the spinning.
   int64_t last_event_ns = now_ns() - kSpinWindowNs;
   uint32_t empty_polls = 0;
-  bool helped = false;  // polled for the workers since the last event
+  bool helped = false;     // polled for the workers since the last event
+  uint32_t fruitless = 0;  // helping polls in a row that found nothing
   for (;;) {
     if (!own_.empty()) last_event_ns = run_own();
     size_t n = q_.try_dequeue_bulk(batch, 32);
@@ -106,9 +111,17 @@ void CallbackThread::run() {
     }
     if (n == 0) {
       ProgressHelp* help = help_.load(std::memory_order_acquire);
-      if (help && now_ns() - last_event_ns < help_window_ns_.load(std::memory_order_relaxed)) {
+      // The window's clock is read once per 64 fruitless polls: a read costs
+      // about as much as the poll.
+      if (help && (fruitless % 64 != 0 ||
+                   now_ns() - last_event_ns < help_window_ns_.load(std::memory_order_relaxed))) {
         helped = true;
-        if (!help->try_help()) ::sched_yield();
+        if (help->try_help())
+          fruitless = 0;
+        else if (++fruitless > kHelpPollsBeforeYield)
+          ::sched_yield();
+        else
+          cpu_relax();
         continue;
       }
       if (help && std::exchange(helped, false)) help->leave();
@@ -119,6 +132,7 @@ void CallbackThread::run() {
       // One clock read per batch serves the help window and the queue delay.
       const int64_t now = now_ns();
       last_event_ns = now;
+      fruitless = 0;
       if constexpr (kStatsEnabled)
         for (size_t i = 0; i < n; ++i)
           if (batch[i].pushed_ns != 0) delay_.record(uint64_t(now - batch[i].pushed_ns));

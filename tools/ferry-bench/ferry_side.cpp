@@ -20,14 +20,27 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Between polls of a counter: with --poll busy every thread has its own core
-// and spins like the raw loop (no syscall); otherwise give the core away.
-void relax(const Options& o) {
-  if (o.poll == "busy")
-    __builtin_ia32_pause();
-  else
-    std::this_thread::yield();
-}
+// Between polls of a counter or queue, as ImmCounter::wait spins
+// (core/arrival_wait.h): with --poll busy every thread has its own core and
+// spins like the raw loop; otherwise the first kSpinPolls fruitless polls of
+// a wait spin too (the raw loop never yields while it waits), and only a
+// longer wait gives the core away. One Relax per wait.
+class Relax {
+ public:
+  explicit Relax(const Options& o) : busy_(o.poll == "busy") {}
+  void operator()() {
+    if (busy_ || ++polls_ <= kSpinPolls)
+      __builtin_ia32_pause();
+    else
+      std::this_thread::yield();
+  }
+  void reset() { polls_ = 0; }
+
+ private:
+  static constexpr uint32_t kSpinPolls = 200;
+  bool busy_;
+  uint32_t polls_ = 0;
+};
 
 ferry::CallbackOn callbacks_on(const Point& p) {
   return p.kind == Kind::kSendRecvInline ? ferry::CallbackOn::kWorker
@@ -75,19 +88,22 @@ void serve_ferry(Region& reg, const Options& o, int fd, const Point& p, uint64_t
     // The application thread answers: it spins on the counter, or takes each
     // message from the queue and echoes it.
     const ferry::NetAddr to = client.nics[0].addr;
+    Relax relax(o);
     for (uint64_t spins = 0;; ++spins) {
       if (p.kind == Kind::kImm ? ping.try_consume(1) : false) {
         e->submit_imm(kImmPong, client, ferry::OnDone::none());
+        relax.reset();
         continue;
       }
       if (p.kind == Kind::kSendRecvQueue) {
         if (ferry::RecvMessage m = queue.try_pop(); m.valid()) {
           e->submit_send(to, m.data(), ferry::OnDone::none());
+          relax.reset();
           continue;
         }
       }
-      if (spins % (o.poll == "busy" ? 8192 : 64) == 0 && readable(fd)) break;
-      relax(o);
+      if (spins % end_check_every(o) == 0 && readable(fd)) break;
+      relax();
     }
   }
   Reader end = recv_msg(fd, MsgType::kFerryEnd);
@@ -150,8 +166,10 @@ Result FerryClient::run(uint64_t index, const Point& p, const DriveConfig& dc, u
     std::vector<uint8_t> msg(p.size);
     const ferry::NetAddr server = descs[0].nics[0].addr;
     uint64_t seen = 0;
+    Relax relax(o_);
     auto one = [&](uint64_t n) {
       auto t = Clock::now();
+      relax.reset();
       if (p.sendrecv()) {
         std::memcpy(msg.data(), &n, std::min<size_t>(8, msg.size()));
         e.submit_send(server, msg, ferry::OnDone::none());
@@ -159,7 +177,7 @@ Result FerryClient::run(uint64_t index, const Point& p, const DriveConfig& dc, u
           ferry::RecvMessage m;
           while (!(m = queue.try_pop()).valid()) {
             if (secs_since(t) > 10) return false;
-            relax(o_);
+            relax();
           }
           uint64_t v = ~0ull;
           if (m.size() >= 8) std::memcpy(&v, m.data().data(), 8);
@@ -169,7 +187,7 @@ Result FerryClient::run(uint64_t index, const Point& p, const DriveConfig& dc, u
         }
         while (received.load(std::memory_order_acquire) == seen) {
           if (secs_since(t) > 10) return false;
-          relax(o_);
+          relax();
         }
         ++seen;
         if (o_.verify && (last_echo.load() != n || last_len.load() != p.size))
@@ -180,7 +198,7 @@ Result FerryClient::run(uint64_t index, const Point& p, const DriveConfig& dc, u
       e.submit_imm(ping, descs[0], ferry::OnDone::none());
       while (!pong.try_consume(1)) {
         if (secs_since(t) > 10) return false;
-        relax(o_);
+        relax();
       }
       return true;
     };

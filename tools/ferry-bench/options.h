@@ -71,6 +71,13 @@ struct Options {
   }
 };
 
+// A ping-pong server that spins looks this often (in fruitless polls) whether
+// the client ended the point: the look is a poll(2), so ferry's and the raw
+// server look equally often.
+inline uint64_t end_check_every(const Options& o) {
+  return o.poll == "busy" ? 8192 : 256;
+}
+
 void pin_self(int cpu);
 double cpu_seconds();
 

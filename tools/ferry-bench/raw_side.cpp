@@ -257,7 +257,7 @@ void serve_raw(RawFabric& rf, Region& reg, const RawRegion& client, const Option
         nanosleep(&ts, nullptr);
       }
       if (readable(fd)) break;
-    } else if (spins % 256 == 0 && readable(fd)) {
+    } else if (spins % end_check_every(o) == 0 && readable(fd)) {
       break;
     }
   }
