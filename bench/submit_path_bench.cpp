@@ -22,12 +22,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <tuple>
 #include <vector>
 
 #include "core/calls_in_progress.h"
 #include "core/domain.h"
+#include "core/loop_lock.h"
 #include "core/sharding.h"
 #include "ferry/ferry.h"
 
@@ -302,6 +304,29 @@ void BM_CallGuardSharded(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_CallGuardSharded)->Threads(1)->Threads(2)->UseRealTime();
+
+// What the engine's calls use: a slot of the calling thread's own
+// (core/presence.h), no read-modify-write.
+void BM_CallGuardPresence(benchmark::State& state) {
+  static ferry::core::CallsInProgress calls;
+  for (auto _ : state) {
+    const ferry::core::CallsInProgress::Counted counted(calls);
+    benchmark::DoNotOptimize(g_stopped.load(std::memory_order_seq_cst));
+  }
+}
+BENCHMARK(BM_CallGuardPresence)->Threads(1)->Threads(2)->UseRealTime();
+
+// The loop lock's try_lock and unlock, as every helping poll and inline post
+// takes it: a mutex against core::LoopLock.
+template <typename Lock>
+void BM_LoopLock(benchmark::State& state) {
+  static Lock lock;
+  for (auto _ : state) {
+    if (lock.try_lock()) lock.unlock();
+  }
+}
+BENCHMARK_TEMPLATE(BM_LoopLock, std::mutex);
+BENCHMARK_TEMPLATE(BM_LoopLock, ferry::core::LoopLock);
 
 }  // namespace
 

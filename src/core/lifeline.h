@@ -2,11 +2,17 @@
 // buffer back) only while it runs: after close() returns no call is inside
 // and none will enter, so what the call touches may go away. Objects that may
 // outlive their engine (counters, receive queues, messages) hold one shared.
+//
+// A call announces itself in a slot of its own thread (core/presence.h), so a
+// spinning waiter's every poll costs no atomic read-modify-write; the count
+// below serves the threads that get no slot.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <thread>
+
+#include "core/presence.h"
 
 namespace ferry::core {
 
@@ -15,16 +21,22 @@ class Lifeline {
   // Runs f() unless closed; true when it ran.
   template <typename F>
   bool run(F&& f) {
-    users_.fetch_add(1, std::memory_order_seq_cst);
+    const int slot = presence::enter(this);
+    if (slot == presence::kNoSlot) users_.fetch_add(1, std::memory_order_seq_cst);
     const bool live = live_.load(std::memory_order_seq_cst);
     if (live) f();
-    users_.fetch_sub(1, std::memory_order_release);
+    if (slot == presence::kNoSlot)
+      users_.fetch_sub(1, std::memory_order_release);
+    else
+      presence::leave(slot);
     return live;
   }
 
   void close() {
     live_.store(false, std::memory_order_seq_cst);
-    while (users_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+    presence::heavy_fence();
+    while (presence::anyone_in(this) || users_.load(std::memory_order_acquire) > 0)
+      std::this_thread::yield();
   }
 
  private:

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/domain.h"
+#include "core/loop_lock.h"
 #include "core/ops.h"
 #include "core/requests.h"
 #include "core/ring.h"
@@ -227,13 +228,13 @@ class Worker final : public OpHost {
   // Blocks (or naps) until a submission, a completion or the next deadline;
   // false when it did neither (a NIC cannot block and !may_nap).
   // `loop` (loop_mu_) is released while it blocks.
-  bool idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop);
+  bool idle_wait(bool may_nap, std::unique_lock<LoopLock>& loop);
   // A spinning worker (busy, or adaptive in its spin phase without yields)
   // whose NICs threads spinning for arrivals poll themselves:
   // it spins without its loop lock (napping_ set), so that they poll and post
   // without waiting for it, until woken (a helper left), stopped, no helper
   // polled for kAsideNs, or kAsideTurnNs passed (a turn of its own is due).
-  void step_aside(std::unique_lock<std::mutex>& loop);
+  void step_aside(std::unique_lock<LoopLock>& loop);
   // Ends a nap, a block in poll(2) or a step aside (sleeping_ was seen set).
   void wake_up() {
     // An adaptive worker steps aside only now and then: the flag while it
@@ -248,7 +249,7 @@ class Worker final : public OpHost {
   // submitter or a helping waiter holds it for a few microseconds: yield until
   // it is free rather than sleep on the mutex, whose unlock would then cost
   // that thread a futex wake on its way to the wire.
-  static void relock(std::unique_lock<std::mutex>& loop);
+  static void relock(std::unique_lock<LoopLock>& loop);
   void check_deadlines();
   void deadline_insert(uint32_t idx);
   void deadline_remove(uint32_t idx);
@@ -357,7 +358,7 @@ class Worker final : public OpHost {
   // Held by the worker while it works; released while it yields or blocks, so
   // that a submitter can post its own request at once (post_inline) instead of
   // waiting for the worker to be scheduled. Only when every NIC allows it.
-  std::mutex loop_mu_;
+  LoopLock loop_mu_;
   bool inline_posts_ = false;
   // Busy polling with NICs any thread may call: the worker steps aside while
   // threads spinning for arrivals poll them (step_aside).

@@ -30,11 +30,11 @@ constexpr int64_t kAsideTurnNs = 1'000'000;
 
 }  // namespace
 
-void Worker::relock(std::unique_lock<std::mutex>& loop) {
+void Worker::relock(std::unique_lock<LoopLock>& loop) {
   while (!loop.try_lock()) ::sched_yield();
 }
 
-bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
+bool Worker::idle_wait(bool may_nap, std::unique_lock<LoopLock>& loop) {
   // Can every NIC block? Asked first: fi_trywait may progress the provider,
   // which can make a completion appear.
   pollfd fds[1 + kMaxNics];
@@ -103,7 +103,7 @@ bool Worker::idle_wait(bool may_nap, std::unique_lock<std::mutex>& loop) {
   return true;
 }
 
-void Worker::step_aside(std::unique_lock<std::mutex>& loop) {
+void Worker::step_aside(std::unique_lock<LoopLock>& loop) {
   if (want_aside_.load(std::memory_order_relaxed))
     want_aside_.store(false, std::memory_order_relaxed);
   aside_wake_.store(false, std::memory_order_relaxed);
