@@ -46,6 +46,12 @@ bool expedited() {
   return ok;
 }
 
+// Registering costs the kernel an RCU grace period (milliseconds under load)
+// once the process has several threads, and nothing while it has one: decide
+// when the library is loaded, before the engine's threads exist, rather than
+// at the first gate entered, which is on a caller's way to the wire.
+[[maybe_unused]] const bool g_registered_at_load = expedited();
+
 Record* acquire_record() {
   if (t_exiting || !expedited()) return nullptr;
   static thread_local Releaser releaser;

@@ -189,7 +189,9 @@ TEST_P(StepAside, StopEndsTheStepAsideTheWaitsAndTheSubmissions) {
 // CPU does not grow).
 TEST_P(StepAside, AnAdaptiveWorkerWhoseWaiterFindsNothingSleepsAfterItsSpinPhase) {
   if (std::get<1>(GetParam()) != "adaptive") GTEST_SKIP() << "busy workers never sleep";
-  TransferEngine a(spinning(GetParam(), true, 20'000us));
+  // A spin phase long enough for the spinner to start within it on a loaded
+  // machine under a sanitizer.
+  TransferEngine a(spinning(GetParam(), true, 300'000us));
   auto never = a.imm_counter(46);
   const Counts before = Counts::now();
   std::atomic<bool> stop{false};
