@@ -239,6 +239,40 @@ bool Worker::nothing_for_worker() {
   return true;
 }
 
+bool Worker::may_post_direct() const {
+  if (t_worker_thread) return false;
+  // A busy worker holds its lock unless it stepped aside; an adaptive one
+  // releases it whenever it yields or sleeps.
+  if (busy_mode_) return step_aside_ && napping_.load(std::memory_order_acquire);
+  return inline_posts_;
+}
+
+void Worker::post_direct() {
+  // Under loop_mu_, with nothing queued: direct_ is the only command, so no
+  // submitter's own order is passed. As post_inline, but without the ring.
+  {
+    AsWorker as_worker(this);
+    begin_turn();
+    handle(direct_);
+    // As drain_commands: what a control call still holds goes now.
+    if (!direct_.is_fast() && std::holds_alternative<ControlReq>(direct_.req))
+      direct_.req = RecvPostReq{};
+    progress_posts();
+    flush_reposts();
+    end_turn();
+  }
+  wake_counters().inline_posts.add();
+  if (busy_mode_) return;  // the helpers poll what is left (after_enqueue)
+  // Holding the lock, the worker's flags are exact: it sets them under it.
+  // A worker blocked in poll(2) is woken unless nothing needs it; a napping
+  // one only if something does; one stepped aside in its spin phase not at all.
+  const bool posted_all = nothing_for_worker() && !(sleeping_.load(std::memory_order_relaxed) &&
+                                                    !napping_.load(std::memory_order_relaxed));
+  if (!posted_all && sleeping_.load(std::memory_order_relaxed) &&
+      !(aside_in_spin_ && aside_active_.load(std::memory_order_relaxed)))
+    wake_up();
+}
+
 void Worker::post_inline() {
   AsWorker as_worker(this);
   post_queued();

@@ -121,6 +121,16 @@ class Worker final : public OpHost {
   // every field. fill must not throw.
   template <typename Fill>
   void submit_with(Fill&& fill) {
+    // The worker idles or stepped aside and nothing is queued before this
+    // command: start it here, with no trip through the ring (post_direct).
+    if (may_post_direct()) {
+      std::unique_lock<LoopLock> loop(loop_mu_, std::try_to_lock);
+      if (loop.owns_lock() && direct_ready()) {
+        fill(direct_);
+        post_direct();
+        return;
+      }
+    }
     if (!ring_.try_emplace(fill)) {
       Command c;
       fill(c);
@@ -211,6 +221,13 @@ class Worker final : public OpHost {
   void after_enqueue();
   bool has_commands();
   bool drain_commands();
+  // submit_with's way around the ring: whether to try the loop lock, then,
+  // holding it, whether nothing stands before the command (stopping, queued
+  // commands); post_direct starts direct_ as the worker would and wakes the
+  // worker if what it started needs it.
+  bool may_post_direct() const;
+  bool direct_ready() { return !stop_.load(std::memory_order_acquire) && !has_commands(); }
+  void post_direct();
   // After arrivals, a busy worker's short watch for the application's answer.
   void await_reply();
   // The turn hooks; *awake set when one of them keeps the worker from sleeping.
@@ -247,8 +264,7 @@ class Worker final : public OpHost {
   }
   // The worker takes its loop lock back after yielding or blocking. A
   // submitter or a helping waiter holds it for a few microseconds: yield until
-  // it is free rather than sleep on the mutex, whose unlock would then cost
-  // that thread a futex wake on its way to the wire.
+  // it is free (the lock has no sleeping waiters, core/loop_lock.h).
   static void relock(std::unique_lock<LoopLock>& loop);
   void check_deadlines();
   void deadline_insert(uint32_t idx);
@@ -332,6 +348,9 @@ class Worker final : public OpHost {
   // (a memset of every Command) and destroyed on every turn of the loop.
   static constexpr size_t kCommandsPerStep = 32;
   std::array<Command, kCommandsPerStep> drained_;
+  // The command a submitter holding the loop lock starts without the ring
+  // (submit_with); only touched under the lock.
+  Command direct_;
   // poll_completions' landing area, kept for the same reason (each Completion
   // holds a Status, whose string is built and destroyed with it).
   static constexpr size_t kPollBatch = 32;
