@@ -21,14 +21,24 @@ class Lifeline {
   // Runs f() unless closed; true when it ran.
   template <typename F>
   bool run(F&& f) {
-    const int slot = presence::enter(this);
-    if (slot == presence::kNoSlot) users_.fetch_add(1, std::memory_order_seq_cst);
+    // Left however f returns: a throw that skipped it would make close() wait for ever.
+    struct Inside {
+      Lifeline& l;
+      const int slot;
+      explicit Inside(Lifeline& line) : l(line), slot(presence::enter(&line)) {
+        if (slot == presence::kNoSlot) l.users_.fetch_add(1, std::memory_order_seq_cst);
+      }
+      ~Inside() {
+        if (slot == presence::kNoSlot)
+          l.users_.fetch_sub(1, std::memory_order_release);
+        else
+          presence::leave(slot);
+      }
+      Inside(const Inside&) = delete;
+      Inside& operator=(const Inside&) = delete;
+    } inside(*this);
     const bool live = live_.load(std::memory_order_seq_cst);
     if (live) f();
-    if (slot == presence::kNoSlot)
-      users_.fetch_sub(1, std::memory_order_release);
-    else
-      presence::leave(slot);
     return live;
   }
 

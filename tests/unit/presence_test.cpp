@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -116,6 +117,22 @@ TEST(Presence, LifelineCloseWaitsForTheCallInside) {
   after_close.store(true);
   caller.join();
   EXPECT_FALSE(ran_late.load());
+}
+
+// A call that throws leaves the gate all the same: close() does not wait for
+// it, and the thread's slots are all free again.
+TEST(Presence, ALifelineCallThatThrowsLeavesTheGate) {
+  Lifeline gate;
+  EXPECT_THROW(gate.run([] { throw std::runtime_error("from inside"); }), std::runtime_error);
+  presence::heavy_fence();
+  EXPECT_FALSE(presence::anyone_in(&gate));
+  std::thread closer([&] { gate.close(); });
+  closer.join();  // returns: nobody is inside
+  if (presence::expedited()) {
+    int other = 0;
+    EXPECT_EQ(presence::enter(&other), 0);  // the thrown call gave its slot back
+    presence::leave(0);
+  }
 }
 
 }  // namespace
