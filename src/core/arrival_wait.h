@@ -44,6 +44,11 @@ struct ArrivalSignal {
 
 enum class WaitEnd : uint8_t { kTaken, kCancelled, kExpired };
 
+// Fruitless polls a waiter spins through before it yields its core between
+// polls: a yield per poll would put a system call between an arrival and the
+// thread that waits for it. The callback thread helping the workers follows it.
+inline constexpr uint32_t kSpinPollsBeforeYield = 200;
+
 // now + timeout, saturated: a timeout of years must not overflow the clock.
 inline std::chrono::steady_clock::time_point deadline_after(
     std::chrono::steady_clock::time_point now, std::chrono::nanoseconds timeout) {
@@ -75,7 +80,7 @@ WaitEnd wait_arrival(ArrivalSignal& s, Take&& take, ProgressHelp* help,
     if (try_take()) return WaitEnd::kTaken;
     if (s.cancelled.load(std::memory_order_acquire))
       return take() ? WaitEnd::kTaken : WaitEnd::kCancelled;
-    if (i > 200) std::this_thread::yield();
+    if (uint32_t(i) > kSpinPollsBeforeYield) std::this_thread::yield();
   }
   if (help != nullptr) help->leave();
   s.waiters.fetch_add(1, std::memory_order_seq_cst);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/arrival_wait.h"
 #include "core/cpu_relax.h"
 #include "core/imm_table.h"
 #include "core/log.h"
@@ -19,10 +20,6 @@ namespace {
 // long without an event; it checks every this many empty polls.
 constexpr int64_t kSpinWindowNs = 1'000'000'000;
 constexpr uint32_t kSpinPollsPerClock = 256;
-// An adaptive thread helping the workers yields its core only after this many
-// fruitless polls in a row, as ImmCounter::wait spins (core/arrival_wait.h):
-// a yield per poll puts a system call between an arrival and its callback.
-constexpr uint32_t kHelpPollsBeforeYield = 200;
 
 }  // namespace
 
@@ -118,7 +115,7 @@ void CallbackThread::run() {
         helped = true;
         if (help->try_help())
           fruitless = 0;
-        else if (++fruitless > kHelpPollsBeforeYield)
+        else if (++fruitless > kSpinPollsBeforeYield)
           ::sched_yield();
         else
           cpu_relax();

@@ -3,40 +3,25 @@
 // and none will enter, so what the call touches may go away. Objects that may
 // outlive their engine (counters, receive queues, messages) hold one shared.
 //
-// A call announces itself in a slot of its own thread (core/presence.h), so a
-// spinning waiter's every poll costs no atomic read-modify-write; the count
-// below serves the threads that get no slot.
+// The calls are counted as the engine's public calls are (core/calls_in_progress.h):
+// each announces itself in a slot of its own thread, so a spinning waiter's
+// every poll costs no atomic read-modify-write.
 #pragma once
 
 #include <atomic>
-#include <cstdint>
 #include <thread>
 
-#include "core/presence.h"
+#include "core/calls_in_progress.h"
 
 namespace ferry::core {
 
 class Lifeline {
  public:
-  // Runs f() unless closed; true when it ran.
+  // Runs f() unless closed; true when it ran. The call is left however f
+  // returns: a throw that skipped it would make close() wait for ever.
   template <typename F>
   bool run(F&& f) {
-    // Left however f returns: a throw that skipped it would make close() wait for ever.
-    struct Inside {
-      Lifeline& l;
-      const int slot;
-      explicit Inside(Lifeline& line) : l(line), slot(presence::enter(&line)) {
-        if (slot == presence::kNoSlot) l.users_.fetch_add(1, std::memory_order_seq_cst);
-      }
-      ~Inside() {
-        if (slot == presence::kNoSlot)
-          l.users_.fetch_sub(1, std::memory_order_release);
-        else
-          presence::leave(slot);
-      }
-      Inside(const Inside&) = delete;
-      Inside& operator=(const Inside&) = delete;
-    } inside(*this);
+    const CallsInProgress::Counted inside(users_);
     const bool live = live_.load(std::memory_order_seq_cst);
     if (live) f();
     return live;
@@ -44,13 +29,14 @@ class Lifeline {
 
   void close() {
     live_.store(false, std::memory_order_seq_cst);
-    presence::heavy_fence();
-    while (presence::anyone_in(this) || users_.load(std::memory_order_acquire) > 0)
-      std::this_thread::yield();
+    while (anyone_inside()) std::this_thread::yield();
   }
 
+  // Whether a call is inside run(); costs a membarrier(2) (CallsInProgress::any).
+  bool anyone_inside() const { return users_.any(); }
+
  private:
-  std::atomic<int32_t> users_{0};
+  CallsInProgress users_;
   std::atomic<bool> live_{true};
 };
 

@@ -189,7 +189,7 @@ void Worker::after_enqueue() {
     // drain the ring too, and the worker takes its NICs back within kAsideNs
     // of their last poll. So neither a fence nor a wake: a command that races
     // the worker's stepping aside waits for the next poll.
-    if (step_aside_ && !t_worker_thread && napping_.load(std::memory_order_acquire)) {
+    if (may_post_direct()) {
       std::unique_lock loop(loop_mu_, std::try_to_lock);
       if (loop.owns_lock() && !stop_.load(std::memory_order_acquire)) post_inline();
     }
@@ -203,18 +203,25 @@ void Worker::after_enqueue() {
   // it to be scheduled (on a machine with fewer cores than threads, that wait
   // is a context switch).
   bool posted_all = false;  // here, with nothing left that needs the worker
-  if (inline_posts_ && !t_worker_thread) {
+  if (may_post_direct()) {
     std::unique_lock loop(loop_mu_, std::try_to_lock);
     if (loop.owns_lock() && !stop_.load(std::memory_order_acquire)) {
       post_inline();  // stopped: the domains may be gone
-      // Under the loop lock the worker naps, blocks in poll(2) or waits to
-      // take the lock back; it sets and clears both flags holding it. One
-      // blocked in poll(2) is woken all the same: its fi_trywait came before
-      // this post.
-      posted_all = nothing_for_worker() && !(sleeping_.load(std::memory_order_relaxed) &&
-                                             !napping_.load(std::memory_order_relaxed));
+      posted_all = posted_all_here();
     }
   }
+  wake_unless_posted_all(posted_all);
+}
+
+bool Worker::posted_all_here() {
+  // Under the loop lock the worker naps, blocks in poll(2) or waits to take
+  // the lock back; it sets and clears both flags holding it. One blocked in
+  // poll(2) is woken all the same: its fi_trywait came before this post.
+  return nothing_for_worker() &&
+         !(sleeping_.load(std::memory_order_relaxed) && !napping_.load(std::memory_order_relaxed));
+}
+
+void Worker::wake_unless_posted_all(bool posted_all) {
   // A napping worker (a NIC without a wait object) is not woken for what was
   // posted here in full: its nap ends by itself, and a thread waiting for the
   // answer polls meanwhile. Waking it would put a third thread on the wire's
@@ -253,24 +260,14 @@ void Worker::post_direct() {
   {
     AsWorker as_worker(this);
     begin_turn();
-    handle(direct_);
-    // As drain_commands: what a control call still holds goes now.
-    if (!direct_.is_fast() && std::holds_alternative<ControlReq>(direct_.req))
-      direct_.req = RecvPostReq{};
+    handle_in_place(direct_);
     progress_posts();
     flush_reposts();
     end_turn();
   }
   wake_counters().inline_posts.add();
   if (busy_mode_) return;  // the helpers poll what is left (after_enqueue)
-  // Holding the lock, the worker's flags are exact: it sets them under it.
-  // A worker blocked in poll(2) is woken unless nothing needs it; a napping
-  // one only if something does; one stepped aside in its spin phase not at all.
-  const bool posted_all = nothing_for_worker() && !(sleeping_.load(std::memory_order_relaxed) &&
-                                                    !napping_.load(std::memory_order_relaxed));
-  if (!posted_all && sleeping_.load(std::memory_order_relaxed) &&
-      !(aside_in_spin_ && aside_active_.load(std::memory_order_relaxed)))
-    wake_up();
+  wake_unless_posted_all(posted_all_here());
 }
 
 void Worker::post_inline() {
@@ -632,8 +629,7 @@ bool Worker::drain_commands() {
     uint64_t pos = 0;
     Command* cmd = ring_.next(&pos);
     if (cmd == nullptr) break;
-    handle(*cmd);
-    if (!cmd->is_fast() && std::holds_alternative<ControlReq>(cmd->req)) cmd->req = RecvPostReq{};
+    handle_in_place(*cmd);
     ring_.pop(pos);
   }
   const size_t m = overflow_.try_dequeue_bulk(drained_.begin(), drained_.size());
@@ -642,6 +638,13 @@ bool Worker::drain_commands() {
     drained_[i] = Command{};
   }
   return n + m > 0;
+}
+
+void Worker::handle_in_place(Command& cmd) {
+  handle(cmd);
+  // What a handled transfer held was moved into its slot; what a control call
+  // still holds (its captures) goes before the command's place is reused.
+  if (!cmd.is_fast() && std::holds_alternative<ControlReq>(cmd.req)) cmd.req = RecvPostReq{};
 }
 
 void Worker::handle(Command& cmd) {

@@ -228,6 +228,12 @@ class Worker final : public OpHost {
   bool may_post_direct() const;
   bool direct_ready() { return !stop_.load(std::memory_order_acquire) && !has_commands(); }
   void post_direct();
+  // After a post under the loop lock: whether it left nothing the worker must
+  // do now; then the wake-up of a sleeping worker unless it did.
+  bool posted_all_here();
+  void wake_unless_posted_all(bool posted_all);
+  // handle(), then what a command that stays in its place must let go.
+  void handle_in_place(Command& cmd);
   // After arrivals, a busy worker's short watch for the application's answer.
   void await_reply();
   // The turn hooks; *awake set when one of them keeps the worker from sleeping.
