@@ -40,10 +40,12 @@ TEST(CallsInProgress, ThreadsStartedInARowTakeDistinctShards) {
 }
 
 // The closer's side of TransferEngine::stop(): set the flag, wait until no
-// call is counted, tear down. A call's side: count in, check the flag, use
-// the object, count out. No call may find the object torn down, and every
-// call that saw no flag must have been waited for.
-TEST(CallsInProgress, NoCallOutlivesTheCloseThatWaitedForIt) {
+// call is counted, tear down. A call's side: count in (call(c, body) runs body
+// counted in c), check the flag, use the object, count out. No call may find
+// the object torn down, and every call that saw no flag must have been waited
+// for.
+template <typename Call>
+void expect_no_call_outlives_its_close(Call&& call) {
   constexpr int kThreads = 4, kRounds = 200;
   for (int round = 0; round < kRounds; ++round) {
     CallsInProgress c;
@@ -52,17 +54,16 @@ TEST(CallsInProgress, NoCallOutlivesTheCloseThatWaitedForIt) {
     std::vector<std::thread> callers;
     for (int t = 0; t < kThreads; ++t)
       callers.emplace_back([&] {
-        for (;;) {
-          const size_t s = c.enter();
-          if (closed.load(std::memory_order_seq_cst)) {
-            c.leave(s);
-            return;
-          }
-          if (torn_down.load(std::memory_order_seq_cst)) late.fetch_add(1);
-          calls.fetch_add(1);
-          if (torn_down.load(std::memory_order_seq_cst)) late.fetch_add(1);
-          c.leave(s);
-        }
+        for (bool open = true; open;)
+          call(c, [&] {
+            if (closed.load(std::memory_order_seq_cst)) {
+              open = false;
+              return;
+            }
+            if (torn_down.load(std::memory_order_seq_cst)) late.fetch_add(1);
+            calls.fetch_add(1);
+            if (torn_down.load(std::memory_order_seq_cst)) late.fetch_add(1);
+          });
       });
     while (calls.load() < 50 * kThreads) std::this_thread::yield();
     closed.store(true, std::memory_order_seq_cst);
@@ -72,6 +73,24 @@ TEST(CallsInProgress, NoCallOutlivesTheCloseThatWaitedForIt) {
     ASSERT_EQ(late.load(), 0) << "round " << round;
     EXPECT_FALSE(c.any());
   }
+}
+
+// Counted by hand in the shards (what a call without a slot does).
+TEST(CallsInProgress, NoCallOutlivesTheCloseThatWaitedForIt) {
+  expect_no_call_outlives_its_close([](CallsInProgress& c, auto&& body) {
+    const size_t s = c.enter();
+    body();
+    c.leave(s);
+  });
+}
+
+// Through Counted, as the engine's calls use it: a slot of the calling
+// thread's own where membarrier(2) works (core/presence.h).
+TEST(CallsInProgress, NoCountedCallOutlivesTheCloseThatWaitedForIt) {
+  expect_no_call_outlives_its_close([](CallsInProgress& c, auto&& body) {
+    const CallsInProgress::Counted counted(c);
+    body();
+  });
 }
 
 }  // namespace
