@@ -8,10 +8,9 @@
 namespace ferry {
 
 void RecvQueue::State::push(uint32_t buffer, uint64_t len) {
-  if (!q.try_enqueue(producer, Item{buffer, len})) {
-    // Cannot happen while at most `count` buffers are out and takers take
-    // in turn (see the constructor); were it to, the message is lost but
-    // the buffer is not.
+  if (!ring.try_push(Item{buffer, len})) {
+    // Cannot happen while at most `count` buffers are out (see the
+    // constructor); were it to, the message is lost but the buffer is not.
     core::log().error("receive queue of {} buffers is full; message of {} bytes dropped", count,
                       len);
     give_back(buffer);
@@ -68,7 +67,7 @@ Status RecvQueue::pop(RecvMessage& out, std::chrono::nanoseconds timeout,
 }
 
 size_t RecvQueue::size_approx() const {
-  return s_ ? s_->q.size_approx() : 0;
+  return s_ ? s_->ring.size_approx() : 0;
 }
 size_t RecvQueue::buffer_len() const {
   return s_ ? s_->buf_len : 0;

@@ -1,17 +1,15 @@
-// The shared state of a RecvQueue: a lock-free queue that one worker (the
+// The shared state of a RecvQueue: a lock-free ring that one worker (the
 // main group's, which posts every receive) fills and any application thread
 // empties, the signal sleeping takers wait on, and the way back to the NIC
 // for a released buffer, open only while the engine runs.
 #pragma once
 
-#include <concurrentqueue/concurrentqueue.h>
-
 #include <cstdint>
 #include <memory>
-#include <mutex>
 
 #include "core/arrival_wait.h"
 #include "core/lifeline.h"
+#include "core/message_ring.h"
 #include "core/progress_help.h"
 #include "ferry/recv_queue.h"
 
@@ -22,23 +20,14 @@ class Worker;
 namespace ferry {
 
 struct RecvQueue::State {
-  struct Item {
-    uint32_t buffer = 0;
-    uint64_t len = 0;
-  };
+  using Item = core::MessageRing::Item;
 
   // Room for every buffer at once, taken up front: at most `count` messages
-  // are ever queued (a buffer is re-posted only after it was taken and let
-  // go), so the worker's push never allocates and never fails. That holds
-  // for one taker at a time only: the queue reuses a block once every slot
-  // of it was emptied, and a taker stalled between claiming a slot and
-  // emptying it lets other takers move on, buffers come back, and the
-  // producer laps onto the unemptied block. Takers therefore take in turn
-  // (`take_mu`): a stalled taker then also holds back the buffers behind it.
+  // are ever queued (a buffer is posted again only after its message was
+  // taken), so the worker's push never allocates and never fails.
   State(size_t count, size_t buf_len, std::shared_ptr<uint8_t> mem, core::Worker* worker,
         uint32_t pool)
-      : q(count, 1, 0),
-        producer(q),
+      : ring(count),
         mem(std::move(mem)),
         buf_len(buf_len),
         count(count),
@@ -47,11 +36,8 @@ struct RecvQueue::State {
 
   // Worker side: a message of `len` bytes is in `buffer`.
   void push(uint32_t buffer, uint64_t len);
-  // Any thread: the oldest message, if any; takers take in turn (see above).
-  bool try_take(Item& out) {
-    std::lock_guard lock(take_mu);
-    return q.try_dequeue(out);
-  }
+  // Any thread: the oldest message, if any.
+  bool try_take(Item& out) { return ring.try_take(out); }
   // Any thread: the buffer goes back to the NIC, unless the engine stopped.
   void give_back(uint32_t buffer);
   // Engine stop: takers waiting on an empty queue return kCancelled, and no
@@ -61,10 +47,8 @@ struct RecvQueue::State {
     engine.close();
   }
 
-  moodycamel::ConcurrentQueue<Item> q;
-  moodycamel::ProducerToken producer;  // the receiving worker's
-  std::mutex take_mu;                  // one taker at a time (see above)
-  std::shared_ptr<uint8_t> mem;        // the buffers: a message may outlive the engine
+  core::MessageRing ring;
+  std::shared_ptr<uint8_t> mem;  // the buffers: a message may outlive the engine
   size_t buf_len, count;
   core::ArrivalSignal signal;
   std::shared_ptr<core::ProgressHelp> help;
