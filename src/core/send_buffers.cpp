@@ -27,7 +27,7 @@ void SendBuffers::push(uint32_t i) {
   uint64_t h = head_.load(std::memory_order_relaxed);
   do {
     next_[i].store(index_of(h), std::memory_order_relaxed);
-  } while (!head_.compare_exchange_weak(h, with(h, i), std::memory_order_release,
+  } while (!head_.compare_exchange_weak(h, with(h, i), std::memory_order_seq_cst,
                                         std::memory_order_relaxed));
 }
 
@@ -41,8 +41,8 @@ Status SendBuffers::acquire(Clock::time_point deadline, bool wait, uint32_t* out
   if (try_pop(out)) return {};
   if (!wait) return none();
   std::unique_lock lk(mu_);
-  waiters_.fetch_add(1, std::memory_order_relaxed);
-  // Pairs with release's fence: its push is seen below, or it sees this waiter.
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  // Pairs with release: its push is seen below, or its load sees this waiter.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   Status st;
   for (;;) {

@@ -26,8 +26,9 @@ class SendBuffers {
   void release(uint32_t i) {
     push(i);
     // Pairs with acquire's fence: a waiter either finds i, or is counted here.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (waiters_.load(std::memory_order_relaxed) > 0) {
+    // push's exchange and this load are sequentially consistent, so no fence
+    // here (on x86 a second full barrier after the locked exchange).
+    if (waiters_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard lk(mu_);
       cv_.notify_one();
     }

@@ -139,6 +139,9 @@ Status Worker::admit(Clock::time_point deadline) {
   }
   if (shared_->config.queue_full == QueueFull::kRefuse) return full();
   blocked_.fetch_add(1, std::memory_order_seq_cst);
+  // release_admission's add precedes its load of blocked_; this fence makes
+  // try_admit's load of released_ see that add if the load missed this one.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   std::unique_lock lk(space_mu_);
   Status st;
   for (;;) {
@@ -160,10 +163,11 @@ Status Worker::admit(Clock::time_point deadline) {
 }
 
 void Worker::release_admission() {
-  released_.fetch_add(1, std::memory_order_acq_rel);
-  // Pairs with admit(): a waiter registers in blocked_ before re-checking.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (blocked_.load(std::memory_order_relaxed) > 0) {
+  // Pairs with admit(): a waiter registers in blocked_, fences, then
+  // re-checks. Both accesses here are sequentially consistent, so no fence of
+  // its own: on x86 the add is one locked instruction, the load a plain one.
+  released_.fetch_add(1, std::memory_order_seq_cst);
+  if (blocked_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard lk(space_mu_);
     space_cv_.notify_one();
   }
@@ -268,6 +272,23 @@ void Worker::post_direct() {
   wake_counters().inline_posts.add();
   if (busy_mode_) return;  // the helpers poll what is left (after_enqueue)
   wake_unless_posted_all(posted_all_here());
+}
+
+bool Worker::answering_inline() {
+  // t_doing_work_of first: only the thread holding the loop lock may read
+  // in_completions_.
+  return t_doing_work_of == this && in_completions_ && !has_commands();
+}
+
+void Worker::post_reply() {
+  const FastKind kind = reply_.fast.kind();
+  if ((kind == FastKind::kImm || kind == FastKind::kSend) && post_fast(reply_)) {
+    wake_counters().inline_replies.add();
+    return;
+  }
+  if (!ring_.try_emplace([&](Command& c) { c = std::move(reply_); }))
+    overflow_.enqueue(std::move(reply_));
+  after_enqueue();
 }
 
 void Worker::post_inline() {

@@ -131,6 +131,13 @@ class Worker final : public OpHost {
         return;
       }
     }
+    // A callback run inline for a completion answers it: post the answer
+    // now, not at the worker's next turn through its own ring.
+    if (answering_inline()) {
+      fill(reply_);
+      post_reply();
+      return;
+    }
     if (!ring_.try_emplace(fill)) {
       Command c;
       fill(c);
@@ -228,6 +235,13 @@ class Worker final : public OpHost {
   bool may_post_direct() const;
   bool direct_ready() { return !stop_.load(std::memory_order_acquire) && !has_commands(); }
   void post_direct();
+  // submit_with from a callback that poll_completions runs on the thread
+  // holding the loop lock, with nothing queued before it; post_reply posts
+  // reply_ at once if it is a one-line immediate or send the NIC takes, and
+  // queues it otherwise (the slot path may run an OnDone whose own
+  // submission would reuse reply_).
+  bool answering_inline();
+  void post_reply();
   // After a post under the loop lock: whether it left nothing the worker must
   // do now; then the wake-up of a sleeping worker unless it did.
   bool posted_all_here();
@@ -357,6 +371,10 @@ class Worker final : public OpHost {
   // The command a submitter holding the loop lock starts without the ring
   // (submit_with); only touched under the lock.
   Command direct_;
+  // The command such a callback submits (answering_inline), and whether the
+  // lock holder is inside poll_completions; both only touched under the lock.
+  Command reply_;
+  bool in_completions_ = false;
   // poll_completions' landing area, kept for the same reason (each Completion
   // holds a Status, whose string is built and destroyed with it).
   static constexpr size_t kPollBatch = 32;

@@ -175,6 +175,12 @@ bool Worker::progress_posts() {
 bool Worker::poll_completions() {
   bool did = false;
   std::span<Completion> comps(polled_);
+  // Callbacks run here may post their answers at once (answering_inline).
+  in_completions_ = true;
+  struct Leave {
+    bool& flag;
+    ~Leave() { flag = false; }
+  } leave{in_completions_};
   for (uint8_t k = 0; k < nics_.size(); ++k) {
     Nic& nic = nics_[k];
     current_nic_ = k;

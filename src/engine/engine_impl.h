@@ -64,7 +64,24 @@ struct TransferEngine::Impl {
   std::shared_mutex reg_mu;
   std::unordered_map<uint64_t, RegRef> regs;
   std::atomic<uint64_t> next_reg_id{1};
+  // Transfer ids are unique per engine, not ordered across threads: each
+  // submitting thread takes them in blocks, so a submission's id costs no
+  // locked instruction on a line that every submitter shares.
   std::atomic<TransferId> next_transfer{1};
+  static constexpr TransferId kIdBlock = 256;
+  TransferId next_id() {
+    struct Block {
+      uint64_t incarnation = 0;  // whose block; a thread may submit to several engines
+      TransferId next = 0, end = 0;
+    };
+    static thread_local Block t;
+    if (t.next == t.end || t.incarnation != shared.incarnation) {
+      t.next = next_transfer.fetch_add(kIdBlock, std::memory_order_relaxed);
+      t.end = t.next + kIdBlock;
+      t.incarnation = shared.incarnation;
+    }
+    return t.next++;
+  }
 
   core::BufferPool send_pool;
   core::SendBuffers send_free;
@@ -192,7 +209,7 @@ struct TransferEngine::Impl {
     const Clock::time_point deadline_at = t.deadline;
     Status st = w.admit(deadline_at);
     if (!st.is_ok()) throw Error(st);
-    const TransferId id = next_transfer.fetch_add(1, std::memory_order_relaxed);
+    const TransferId id = next_id();
     static_assert(std::is_nothrow_move_constructible_v<std::decay_t<Req>> &&
                   std::is_nothrow_move_assignable_v<OnDone>);
     // Written once, into the cell the worker reads it from.
@@ -232,7 +249,7 @@ struct TransferEngine::Impl {
   TransferId submit_one_line(core::Worker& w, const SubmitTime& t, Fill&& fill) {
     Status st = w.admit(t.deadline);
     if (!st.is_ok()) throw Error(st);
-    const TransferId id = next_transfer.fetch_add(1, std::memory_order_relaxed);
+    const TransferId id = next_id();
     w.submit_with([&](Command& cmd) {
       cmd.id = id;
       cmd.deadline = t.deadline;

@@ -96,8 +96,11 @@ TEST_P(Wake, BlockedWorkersWakeForASubmissionAndForACompletion) {
 }
 
 // A reply posted from an inline callback (CallbackOn::kWorker) runs on the
-// worker that counted the ping: no hop, and the reply arrives.
+// worker that counted the ping: no hop, and the reply arrives. It is posted
+// from the callback itself, not queued for the worker's next turn
+// (Worker::answering_inline).
 TEST_P(Wake, InlineCallbackRepliesFromTheWorker) {
+  const uint64_t replies = wake_counters().inline_replies.load();
   TransferEngine a(test::adaptive_config_for(GetParam())), b(test::adaptive_config_for(GetParam()));
   auto on_a = test::region(a, 4096), on_b = test::region(b, 4096);
   std::atomic<int> ran{0};
@@ -117,6 +120,9 @@ TEST_P(Wake, InlineCallbackRepliesFromTheWorker) {
   }
   EXPECT_EQ(ran.load(), 10);
   EXPECT_FALSE(off_worker.load());
+  // A post the NIC refuses for now (a connection still being set up) is
+  // queued for the worker instead; the rest went out from the callback.
+  EXPECT_GE(wake_counters().inline_replies.load() - replies, 8u);
 }
 
 // An inline callback that throws does not take the worker down: it keeps
