@@ -6,7 +6,13 @@ namespace {
 constexpr size_t kInitialCapacity = 64;
 }  // namespace
 
-AddrTable::AddrTable() {
+namespace {
+std::atomic<uint64_t> g_next_table_id{1};
+}  // namespace
+
+thread_local AddrTable::LastLookup AddrTable::t_last;
+
+AddrTable::AddrTable() : id_(g_next_table_id.fetch_add(1, std::memory_order_relaxed)) {
   arrays_.push_back(make_array(kInitialCapacity));
   current_.store(arrays_.back().get(), std::memory_order_release);
 }

@@ -64,7 +64,18 @@ bool Worker::post_fast(const Command& cmd) {
     r = nic.domain->post_writes(std::span<WriteDesc>(post_batch_).first(1));
   }
   if (r.posted != 1) return false;  // refused or full: the slot path retries or fails it
-  fast_[idx] = FastPost{gen, true, false, addr, peer, cmd.deadline, cmd.submit_ns, bytes, buffer};
+  // Field by field: built as a temporary, the record was copied out with wide
+  // loads that spanned the temporary's narrower stores (a store-forwarding stall).
+  FastPost& fp = fast_[idx];
+  fp.gen = gen;
+  fp.live = true;
+  fp.reported = false;
+  fp.addr = addr;
+  fp.peer = peer;
+  fp.deadline = cmd.deadline;
+  fp.submit_ns = cmd.submit_ns;
+  fp.bytes = bytes;
+  fp.buffer = buffer;
   ++fast_tail_;
   ++nic.outstanding;
   note_picked_up(cmd.submit_ns);

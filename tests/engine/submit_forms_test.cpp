@@ -216,12 +216,15 @@ TEST_P(SubmitForms, SendFromInlineReceiveRefusesWhenNoBufferIsFree) {
   TransferEngine a(c), b(c);
   const NetAddr a_addr = a.main_address();
   std::atomic<uint64_t> replies{0}, code{0}, sent_before{0};
+  std::atomic<bool> returned{false};
   a.submit_recvs(16, 8, [&](std::span<const uint8_t>) { replies.fetch_add(1); });
   b.submit_recvs(
       16, 2,
       [&](std::span<const uint8_t>) {
-        // None of these ends before the callback returns: their completions
-        // are this worker's to process.
+        // None of these ends before the callback returns: they go out at once
+        // (Worker::answering_inline), but their completions, which give the
+        // buffers back, are this worker's to process. So the replies may
+        // arrive while the callback still runs.
         const uint8_t reply[4] = {1, 2, 3, 4};
         uint64_t n = 0;
         try {
@@ -230,11 +233,13 @@ TEST_P(SubmitForms, SendFromInlineReceiveRefusesWhenNoBufferIsFree) {
           code.store(uint64_t(e.code()) + 1);
         }
         sent_before.store(n);
+        returned.store(true);
       },
       CallbackOn::kWorker);
   const uint8_t msg[4] = {9};
   a.submit_send(b.main_address(), msg, OnDone::none());
-  ASSERT_TRUE(test::wait_until([&] { return replies.load() == 3; }, 20s)) << replies.load();
+  ASSERT_TRUE(test::wait_until([&] { return replies.load() == 3 && returned.load(); }, 20s))
+      << replies.load();
   EXPECT_EQ(sent_before.load(), 3u);
   EXPECT_EQ(code.load(), uint64_t(Code::kResourceExhausted) + 1);
 }

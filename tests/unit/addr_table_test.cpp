@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -34,6 +35,30 @@ TEST(AddrTable, EqualAddressesShareOneCopyThatOutlivesTheCaller) {
   // Another incarnation of the same endpoint is another address.
   EXPECT_NE(t.intern(addr(7, 2)), p);
   EXPECT_EQ(t.size(), 2u);
+}
+
+// The thread's last lookup is reused only for the same table and the same
+// bytes: a second table, or a new table where a destroyed one was, gets its
+// own entry; another address named after it gets its own.
+TEST(AddrTable, TheLastLookupServesOnlyItsTableAndItsAddress) {
+  const NetAddr a = addr(1), b = addr(2);
+  auto t1 = std::make_unique<AddrTable>();
+  const NetAddr* in1 = t1->intern(a);
+  EXPECT_EQ(t1->intern(a), in1);
+  AddrTable t2;
+  const NetAddr* in2 = t2.intern(a);
+  EXPECT_NE(in2, in1);
+  EXPECT_EQ(*in2, a);
+  EXPECT_EQ(t2.size(), 1u);
+  const NetAddr* bin = t2.intern(b);
+  EXPECT_EQ(*bin, b);
+  EXPECT_EQ(t2.intern(a), in2);
+  t1->intern(a);
+  t1.reset();
+  t1 = std::make_unique<AddrTable>();  // may lie where the first one did
+  const NetAddr* again = t1->intern(a);
+  EXPECT_EQ(*again, a);
+  EXPECT_EQ(t1->size(), 1u) << "the new table must have interned the address itself";
 }
 
 TEST(AddrTable, EntriesStayPutWhileTheTableGrows) {
