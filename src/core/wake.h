@@ -14,57 +14,29 @@
 #include <chrono>
 #include <cstdint>
 
+#include "core/thread_count.h"
 #include "core/unique_fd.h"
 #include "ferry/engine.h"
 
 namespace ferry::core {
 
-// A count added to per submission or per poll, possibly by the threads of
-// several workers at once (their helpers, their submitters): each thread adds
-// on one of kShards lines of its own, so they do not contend for one line;
-// load() sums them (relaxed: for tests and statistics). A locked add each:
-// per-thread cells written by a plain load and store were tried and put tcp
-// `imm-cb` on the 2-core machine into an 80 µs mode in about one run in four
-// (docs/PERFORMANCE.md, "Fewer locked instructions"), so the add stays.
-class ShardedCount {
- public:
-  void add() { shards_[shard()].v.fetch_add(1, std::memory_order_relaxed); }
-  uint64_t load() const {
-    uint64_t sum = 0;
-    for (const auto& s : shards_) sum += s.v.load(std::memory_order_relaxed);
-    return sum;
-  }
-
- private:
-  static constexpr size_t kShards = 16;
-  struct alignas(64) Shard {
-    std::atomic<uint64_t> v{0};
-  };
-  static size_t shard() {
-    static std::atomic<uint32_t> next{0};
-    thread_local const size_t mine = next.fetch_add(1, std::memory_order_relaxed) % kShards;
-    return mine;
-  }
-  std::array<Shard, kShards> shards_{};
-};
-
 // Process-wide totals over every worker (relaxed: read by tests and
 // statistics). Those on the idle path are plain atomics; those that busy
-// engines add to per transfer are sharded.
+// engines add to per transfer are counted per thread (core/thread_count.h).
 struct WakeCounters {
   std::atomic<uint64_t> blocks{0};         // poll(2) on the eventfd and every CQ
   std::atomic<uint64_t> by_submission{0};  // ...ended because a submitter wrote the eventfd
   std::atomic<uint64_t> by_completion{0};  // ...ended because a CQ's wait object fired
   std::atomic<uint64_t> by_timer{0};       // ...ended by its timeout (deadlines, housekeeping)
   std::atomic<uint64_t> naps{0};           // a NIC had no wait object: slept a short nap instead
-  ShardedCount notifies;                   // eventfd writes by submitters
-  ShardedCount inline_posts;               // submitters that posted while the worker idled
-  ShardedCount inline_replies;  // callbacks run for a completion whose answer was posted at once
-  ShardedCount helped_polls;    // waiters' polls that found work while the worker idled
+  ThreadCount notifies;                    // eventfd writes by submitters
+  ThreadCount inline_posts;                // submitters that posted while the worker idled
+  ThreadCount inline_replies;  // callbacks run for a completion whose answer was posted at once
+  ThreadCount helped_polls;    // waiters' polls that found work while the worker idled
   std::atomic<uint64_t> callback_blocks{0};  // a callback thread blocked waiting for an event
-  ShardedCount reply_windows;                // a busy worker watched for an answer to arrivals
-  ShardedCount reply_hits;                   // ...and a submission came within the window
-  ShardedCount asides;                       // a busy worker stepped aside for spinning helpers
+  ThreadCount reply_windows;                 // a busy worker watched for an answer to arrivals
+  ThreadCount reply_hits;                    // ...and a submission came within the window
+  ThreadCount asides;                        // a busy worker stepped aside for spinning helpers
   std::atomic<int64_t> asleep{0};            // gauge: workers inside poll(2) or a nap now
 };
 
