@@ -286,9 +286,7 @@ void Worker::post_reply() {
     wake_counters().inline_replies.add();
     return;
   }
-  if (!ring_.try_emplace([&](Command& c) { c = std::move(reply_); }))
-    overflow_.enqueue(std::move(reply_));
-  after_enqueue();
+  submit(std::move(reply_));
 }
 
 void Worker::post_inline() {
