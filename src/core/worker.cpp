@@ -446,15 +446,21 @@ void Worker::run(std::promise<Status>* init) {
     // Threads waiting for arrivals polled for this worker lately
     // (help_progress): they drive the NICs, and a worker that kept spinning
     // for what they would have found takes a core from one of them, so it
-    // naps at once instead. A submitter that woke it needs it
-    // (nothing_for_worker), and so does a waiter that stops helping. Only a
-    // worker that naps: one blocked in poll(2) would be woken by every
-    // completion its helpers take, a context switch each.
+    // naps at once instead, on its eventfd alone (idle_wait). A submitter
+    // that woke it needs it (nothing_for_worker), and so does a waiter that
+    // stops helping. Where spinning threads outnumber the CPUs (spin.yield)
+    // this holds even for a worker that last blocked on its CQs: one that
+    // kept its spin phase alive with what it found while its helpers were
+    // off the CPU would stay one more runnable thread per hand-off, and the
+    // scheduler then ran whole ping-pongs at 70-110 µs per round trip. With
+    // CPUs to spare only a worker that napped or stepped aside counts its
+    // helpers as driving.
     if (const uint32_t h = helped_.load(std::memory_order_relaxed); h != helped_seen_) {
       helped_seen_ = h;
       last_helped = now;
     }
-    const bool helpers_drive = napped_ && now - last_helped < kHelpersDrive;
+    const bool helpers_drive =
+        (napped_ || (spin.yield && !busy_mode_)) && now - last_helped < kHelpersDrive;
     if (busy_mode_) {
       // A busy worker steps aside, not to sleep: for threads spinning on
       // counters and queues that asked (want_aside_) or keep polling. Turn
@@ -487,7 +493,8 @@ void Worker::run(std::promise<Status>* init) {
       if (!busy && spin.yield) yield_cpu();
     } else if (helpers_drive || now - last_busy >= spin.spin) {
       // A NIC that cannot block is polled, yielding, before the worker naps.
-      if (!idle_wait(helpers_drive || now - last_busy >= spin.spin + kYieldBeforeNap, loop))
+      if (!idle_wait(helpers_drive || now - last_busy >= spin.spin + kYieldBeforeNap, helpers_drive,
+                     loop))
         yield_cpu();
     } else if (spin.yield) {
       yield_cpu();

@@ -263,9 +263,10 @@ class Worker final : public OpHost {
   bool progress_posts();
   bool poll_completions();
   // Blocks (or naps) until a submission, a completion or the next deadline;
-  // false when it did neither (a NIC cannot block and !may_nap).
+  // false when it did neither (a NIC cannot block and !may_nap). With
+  // helpers_drive it naps, whether or not the NICs can block.
   // `loop` (loop_mu_) is released while it blocks.
-  bool idle_wait(bool may_nap, std::unique_lock<LoopLock>& loop);
+  bool idle_wait(bool may_nap, bool helpers_drive, std::unique_lock<LoopLock>& loop);
   // A spinning worker (busy, or adaptive in its spin phase without yields)
   // whose NICs threads spinning for arrivals poll themselves:
   // it spins without its loop lock (napping_ set), so that they poll and post
@@ -452,8 +453,8 @@ class Worker final : public OpHost {
   uint32_t dl_head_ = kNone, dl_tail_ = kNone;
   uint32_t helped_seen_ = 0;  // helped_ at the worker's last look
   bool called_ = false;       // the last idle_wait ended by a submitter's wake
-  bool napped_ = false;       // the last idle_wait napped (a NIC without a wait object),
-                              // or the worker last stepped aside
+  bool napped_ = false;       // the last idle_wait napped (a NIC without a wait object,
+                              // or helpers drove), or the worker last stepped aside
   uint32_t naps_in_row_ = 0;  // naps since the last useful work: each one longer
   uint32_t arrivals_ = 0;     // immediates and receives handed up this turn
   // post_fast's posts in flight, oldest first: a ring of kFastPosts

@@ -34,14 +34,17 @@ void Worker::relock(std::unique_lock<LoopLock>& loop) {
   while (!loop.try_lock()) ::sched_yield();
 }
 
-bool Worker::idle_wait(bool may_nap, std::unique_lock<LoopLock>& loop) {
+bool Worker::idle_wait(bool may_nap, bool helpers_drive, std::unique_lock<LoopLock>& loop) {
   // Can every NIC block? Asked first: fi_trywait may progress the provider,
-  // which can make a completion appear.
+  // which can make a completion appear. While helpers drive the NICs the
+  // worker naps on its eventfd alone: blocked on the CQs it would be woken by
+  // every completion they take, and would take a core from one of them.
   pollfd fds[1 + kMaxNics];
   nfds_t n = 0;
   fds[n++] = {wake_.fd(), POLLIN, 0};
-  bool all_blockable = true;
+  bool all_blockable = !helpers_drive;
   for (auto& nic : nics_) {
+    if (helpers_drive) break;
     int fd = nic.domain->wait_fd();
     if (fd < 0 || !nic.domain->can_block()) {
       all_blockable = false;
