@@ -65,6 +65,27 @@ struct ImmValueStats {
   uint64_t count = 0;
 };
 
+// How idle workers slept and were woken, and how often other threads did a
+// worker's work for it (docs/ARCHITECTURE.md, "Polling modes"). Totals
+// over every engine of the process since it started, not per engine: take
+// differences between two snapshots.
+struct WakeStats {
+  uint64_t blocks = 0;               // a worker blocked in poll(2) on its eventfd and CQs
+  uint64_t woken_by_submission = 0;  // ...the block ended by a submitter's eventfd write
+  uint64_t woken_by_completion = 0;  // ...by a CQ's wait object
+  uint64_t woken_by_timer = 0;       // ...by its timeout (deadlines, housekeeping)
+  uint64_t naps = 0;                 // short timed sleeps (no wait object, or helpers drove)
+  uint64_t notifies = 0;             // eventfd writes by submitters
+  uint64_t inline_posts = 0;         // submissions posted by their own thread, the worker idle
+  uint64_t inline_replies = 0;       // answers posted from the callback that made them
+  uint64_t helped_polls = 0;         // a waiter's poll of an idle worker's NICs found work
+  uint64_t callback_blocks = 0;      // the callback thread blocked waiting for an event
+  uint64_t reply_windows = 0;        // a busy worker watched for an answer to arrivals
+  uint64_t reply_hits = 0;           // ...and a submission came within the window
+  uint64_t asides = 0;               // a busy worker stepped aside for spinning waiters
+  int64_t asleep = 0;                // gauge: workers blocked or napping now
+};
+
 struct EngineStats {
   bool enabled = false;  // false in a build with FERRY_STATS=OFF: everything is zero
   std::vector<WorkerStats> workers;
@@ -81,6 +102,7 @@ struct EngineStats {
   uint64_t callback_failures = 0;     // user callbacks that threw
   uint64_t dropped_plain_imms = 0;    // on_imm events dropped at the queue bound
   uint64_t trace_events_dropped = 0;  // overwritten in the trace ring before the flush
+  WakeStats wake;                     // process-wide, kept in every build (not FERRY_STATS)
 
   // Sums over workers and NICs.
   uint64_t transfers_ok() const;

@@ -124,6 +124,23 @@ nb::dict to_dict(const EngineStats& s) {
   d["callback_failures"] = s.callback_failures;
   d["dropped_plain_imms"] = s.dropped_plain_imms;
   d["trace_events_dropped"] = s.trace_events_dropped;
+  const WakeStats& k = s.wake;
+  nb::dict wake;
+  wake["blocks"] = k.blocks;
+  wake["woken_by_submission"] = k.woken_by_submission;
+  wake["woken_by_completion"] = k.woken_by_completion;
+  wake["woken_by_timer"] = k.woken_by_timer;
+  wake["naps"] = k.naps;
+  wake["notifies"] = k.notifies;
+  wake["inline_posts"] = k.inline_posts;
+  wake["inline_replies"] = k.inline_replies;
+  wake["helped_polls"] = k.helped_polls;
+  wake["callback_blocks"] = k.callback_blocks;
+  wake["reply_windows"] = k.reply_windows;
+  wake["reply_hits"] = k.reply_hits;
+  wake["asides"] = k.asides;
+  wake["asleep"] = k.asleep;
+  d["wake"] = wake;
   return d;
 }
 

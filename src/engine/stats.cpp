@@ -10,6 +10,7 @@
 #include "core/callback_thread.h"
 #include "core/imm_table.h"
 #include "core/log.h"
+#include "core/wake.h"
 #include "core/worker.h"
 #include "engine/metrics_exporter.h"
 #include "engine/trace.h"
@@ -87,6 +88,26 @@ uint64_t EngineStats::backpressure() const {
 namespace engine {
 
 namespace {
+
+WakeStats wake_stats() {
+  const auto& c = core::wake_counters();
+  WakeStats w;
+  w.blocks = c.blocks.load(std::memory_order_relaxed);
+  w.woken_by_submission = c.by_submission.load(std::memory_order_relaxed);
+  w.woken_by_completion = c.by_completion.load(std::memory_order_relaxed);
+  w.woken_by_timer = c.by_timer.load(std::memory_order_relaxed);
+  w.naps = c.naps.load(std::memory_order_relaxed);
+  w.notifies = c.notifies.load();
+  w.inline_posts = c.inline_posts.load();
+  w.inline_replies = c.inline_replies.load();
+  w.helped_polls = c.helped_polls.load();
+  w.callback_blocks = c.callback_blocks.load(std::memory_order_relaxed);
+  w.reply_windows = c.reply_windows.load();
+  w.reply_hits = c.reply_hits.load();
+  w.asides = c.asides.load();
+  w.asleep = c.asleep.load(std::memory_order_relaxed);
+  return w;
+}
 
 LatencyHistogram histogram_of(const core::StatHistogram& h) {
   LatencyHistogram out;
@@ -205,6 +226,7 @@ EngineStats snapshot(const StatsSources& src) {
   static const core::StatHistogram kNone;
   s.watcher_poll_lag = histogram_of(src.watcher_poll_lag ? *src.watcher_poll_lag : kNone);
   s.trace_events_dropped += src.trace_events_dropped;
+  s.wake = wake_stats();
   return s;
 }
 

@@ -185,5 +185,31 @@ TEST(HelpingWaiters, AWorkerWhoseWaiterDrivesBlockableNicsNapsInsteadOfSpinning)
   EXPECT_GE(wake_counters().helped_polls.load() - helped, kRounds / 2);
 }
 
+// The same counts reach the public statistics (EngineStats::wake, process-wide):
+// a napping worker is seen asleep, and a ping-pong to itself driven by its
+// submitter and waiter shows up as their inline posts and helped polls, not as
+// wake-ups of the worker.
+TEST(HelpingWaiters, TheStatisticsShowTheNappingWorkerAndTheWorkOthersDidForIt) {
+  TransferEngine e(napping());
+  auto own = test::region(e, 4096);
+  auto ping = e.imm_counter(13);
+  ASSERT_TRUE(all_asleep(1)) << "the worker never napped";
+  const WakeStats before = e.stats().wake;
+  EXPECT_GE(before.asleep, 1);
+  EXPECT_GE(before.naps, 1u);
+  constexpr uint64_t kRounds = 200;
+  for (uint64_t i = 0; i < kRounds; ++i) {
+    e.submit_imm(13, own.d, OnDone::none());
+    ASSERT_TRUE(ping.wait(1, 10s).is_ok()) << "round " << i;
+  }
+  const WakeStats after = e.stats().wake;
+  // Rounds in which the worker held its loop lock (on its way into or out of a
+  // nap) are posted or polled by it instead: most rounds are not.
+  EXPECT_GE(after.inline_posts - before.inline_posts, kRounds / 2);
+  EXPECT_GE(after.helped_polls - before.helped_polls, kRounds / 2);
+  EXPECT_LE(after.notifies - before.notifies, kRounds / 2);
+  EXPECT_GE(after.naps, before.naps);
+}
+
 }  // namespace
 }  // namespace ferry

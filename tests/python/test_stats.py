@@ -79,8 +79,15 @@ def test_stats_dict_has_the_documented_keys(pair):
     for key in ("transfers", "bytes_posted", "bytes_completed", "writes_posted", "writes_completed",
                 "imms_received", "backpressure", "workers", "nics", "peers", "top_imms", "imms_other",
                 "counter_wait", "callback_delay", "watcher_poll_lag", "callback_queue_depth",
-                "callback_failures", "dropped_plain_imms", "trace_events_dropped"):
+                "callback_failures", "dropped_plain_imms", "trace_events_dropped", "wake"):
         assert key in s, key
+    # Process-wide wake-up counts: the submissions above were posted by their
+    # threads or by the worker, and either way counted somewhere.
+    assert set(s["wake"]) == {"blocks", "woken_by_submission", "woken_by_completion",
+                              "woken_by_timer", "naps", "notifies", "inline_posts",
+                              "inline_replies", "helped_polls", "callback_blocks",
+                              "reply_windows", "reply_hits", "asides", "asleep"}
+    assert all(v >= 0 for v in s["wake"].values())
     assert s["transfers"] == {"ok": 1, "failed": {}}
     assert s["bytes_posted"] == s["bytes_completed"] == 8 * PAGE
     assert s["writes_posted"] == s["writes_completed"] == 8
@@ -169,6 +176,12 @@ def test_metrics_scraped_while_writing_to_a_peer_process(remote, tmp_path):
         c.wait(1, 20)
         parsed = samples(scrape(e.metrics_address))
         assert total(parsed, "ferry_imm_value_received_total", imm="99") == 1
+        # Process-wide wake-up counts, one sample per event.
+        events = {dict(ls)["event"] for (n, ls) in parsed if n == "ferry_wake_events_total"}
+        assert events == {"block", "woken_by_submission", "woken_by_completion",
+                          "woken_by_timer", "nap", "notify", "inline_post", "inline_reply",
+                          "helped_poll", "callback_block", "reply_window", "reply_hit", "aside"}
+        assert ("ferry_workers_asleep", frozenset()) in parsed
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(f"http://{e.metrics_address}/other", timeout=10)
         # python -m ferry.top through the same endpoint.

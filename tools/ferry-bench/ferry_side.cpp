@@ -42,6 +42,34 @@ class Relax {
   uint32_t polls_ = 0;
 };
 
+// Wake-up counts of this process over one point's ferry run (--wake). They are
+// process-wide, and each side is a process of its own.
+class WakeReport {
+ public:
+  WakeReport(const Options& o, ferry::TransferEngine& e) : on_(o.wake) {
+    if (on_) start_ = e.stats().wake;
+  }
+  void print(ferry::TransferEngine& e, const char* side, const Point& p) const {
+    if (!on_) return;
+    const ferry::WakeStats n = e.stats().wake, &s = start_;
+    fmt::print(stderr,
+               "wake {} {} {}: blocks {} (submission {}, completion {}, timer {}), naps {}, "
+               "notifies {}, inline posts {}, inline replies {}, helped polls {}, callback "
+               "blocks {}, reply windows {} (hits {}), asides {}\n",
+               side, kind_name(p.kind), p.size_label(), n.blocks - s.blocks,
+               n.woken_by_submission - s.woken_by_submission,
+               n.woken_by_completion - s.woken_by_completion, n.woken_by_timer - s.woken_by_timer,
+               n.naps - s.naps, n.notifies - s.notifies, n.inline_posts - s.inline_posts,
+               n.inline_replies - s.inline_replies, n.helped_polls - s.helped_polls,
+               n.callback_blocks - s.callback_blocks, n.reply_windows - s.reply_windows,
+               n.reply_hits - s.reply_hits, n.asides - s.asides);
+  }
+
+ private:
+  bool on_;
+  ferry::WakeStats start_;
+};
+
 ferry::CallbackOn callbacks_on(const Point& p) {
   return p.kind == Kind::kSendRecvInline ? ferry::CallbackOn::kWorker
                                          : ferry::CallbackOn::kCallbackThread;
@@ -54,6 +82,7 @@ void serve_ferry(Region& reg, const Options& o, int fd, const Point& p, uint64_t
   const Layout l(p, o.region());
   if (o.verify) reg.zero(l.data);
   auto e = std::make_unique<ferry::TransferEngine>(engine_config(o, true, p));
+  const WakeReport wake(o, *e);
   std::vector<ferry::MrDesc> descs;
   if (p.kind == Kind::kScatter || p.kind == Kind::kBarrier) {
     for (uint32_t t = 0; t < p.count; ++t)
@@ -127,6 +156,7 @@ void serve_ferry(Region& reg, const Options& o, int fd, const Point& p, uint64_t
     }
   }
   if (o.verify && verify.empty()) verify = "ok";
+  wake.print(*e, "server", p);
   e->stop();
   e.reset();
   send_msg(fd, MsgType::kReply, Writer().put(uint64_t(arrived)).str(verify));
@@ -135,6 +165,7 @@ void serve_ferry(Region& reg, const Options& o, int fd, const Point& p, uint64_t
 Result FerryClient::run(uint64_t index, const Point& p, const DriveConfig& dc, uint64_t seed) {
   const Layout l(p, o_.region());
   ferry::TransferEngine e(engine_config(o_, false, p));
+  const WakeReport wake(o_, e);
   auto [h, mine] = e.reg_mr(region_.data(), o_.region(), region_.device());
   auto pong = e.imm_counter(kImmPong);
   std::atomic<uint64_t> received{0};
@@ -214,6 +245,7 @@ Result FerryClient::run(uint64_t index, const Point& p, const DriveConfig& dc, u
   end.get<uint64_t>();
   std::string v = end.str();
   if (!p.latency()) res.verify = v;
+  wake.print(e, "client", p);
   e.stop();
   return res;
 }

@@ -395,6 +395,10 @@ int main(int argc, char** argv) {
                  "paged: pages per request, comma-separated (default 100,10000; 100 with --quick)")
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--wake", o.wake,
+               "after each point, print each side's wake-up counts over its ferry run to stderr "
+               "(EngineStats::wake: blocks and what ended them, naps, eventfd writes, inline "
+               "posts, helped polls, ...): which threads did the work, and who slept");
   app.add_flag("--raw-relay", o.raw_relay,
                "the immediate points' baseline with the engine's thread layout: on each side a "
                "NIC thread owns the endpoint and the application thread hands it each write and "

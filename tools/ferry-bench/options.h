@@ -45,6 +45,7 @@ struct Options {
   bool verify = false;
   bool quick = false;
   bool no_raw = false;
+  bool wake = false;       // print each side's wake-up counts per point (stderr)
   bool raw_relay = false;  // imm baseline through a NIC thread per side (raw_relay.h)
   std::string only = "single,paged,scatter,barrier,imm,sendrecv";
   double seconds = 0;  // 0 = 1.0, or 0.25 with --quick
