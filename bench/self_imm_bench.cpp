@@ -14,13 +14,16 @@
 // ferry - relay the engine's own path.
 //
 //   self_imm_bench [--provider fake|shm|tcp] [--cpus A,B] [--iters N] [--rounds R] [--baselines]
-//                  [--on-worker] [--idle-polls]
+//                  [--on-worker] [--idle-polls] [--split]
 //
 // Prints, per round and implementation, the p50 and p99 of the round trip in
 // nanoseconds. With --idle-polls, also the cost of one poll that finds nothing:
 // the raw provider's CQ read against ferry's try_consume on a counter nothing
 // arrives for (the busy worker stepped aside, so the call polls the NIC
 // itself): a spinning waiter sees an arrival at most one such poll late.
+// With --split, also the p50 of the post call alone (raw: the write; ferry:
+// submit_imm) within the round trip, so that the engine's share splits into
+// the way out and the way back (the rest: polls until the arrival is taken).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -70,6 +73,30 @@ bool time_round(const std::string& what, size_t round, size_t iters, One&& one) 
   return true;
 }
 
+// Durations of the post call in each round trip (--split); empty when off.
+struct PostTimes {
+  bool on = false;
+  std::vector<double> ns;
+  template <typename Post>
+  auto timed(Post&& post) {
+    if (!on) return post();
+    const auto t0 = Clock::now();
+    auto r = post();
+    ns.push_back(
+        double(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
+    return r;
+  }
+  void report(const std::string& what, size_t round) {
+    if (!on || ns.empty()) return;
+    std::sort(ns.begin(), ns.end());
+    std::printf("%s round %zu: post call p50 %.0f ns, p99 %.0f ns\n", what.c_str(), round,
+                ns[ns.size() / 2], ns[ns.size() * 99 / 100]);
+    std::fflush(stdout);
+    ns.clear();
+  }
+};
+PostTimes g_post;
+
 // Spins until done() or the deadline; false on the deadline.
 template <typename Done>
 bool spin_until(Clock::time_point give_up, Done&& done) {
@@ -111,8 +138,9 @@ bool raw_rounds(const std::string& provider, size_t round, size_t iters, int wor
     int ret = -FI_EAGAIN;
     if (!spin_until(give_up,
                     [&] {
-                      if ((ret = rf.write(0, region.data(), 0, reg.bases[0], reg.keys[0], 7, 1)) ==
-                          -FI_EAGAIN)
+                      if ((ret = g_post.timed([&] {
+                            return rf.write(0, region.data(), 0, reg.bases[0], reg.keys[0], 7, 1);
+                          })) == -FI_EAGAIN)
                         poll();
                       return ret != -FI_EAGAIN;
                     }) ||
@@ -124,6 +152,7 @@ bool raw_rounds(const std::string& provider, size_t round, size_t iters, int wor
     });
   });
   if (!raw_ok) return false;
+  g_post.report(provider + " raw", round);
   if (idle_polls) report_idle(provider + " raw", round, iters, [&] { rf.poll(0, ev, 32); });
   ferry_bench::RawRelay relay(rf, worker_cpu, false, region.data(), reg.bases[0], reg.keys[0], 7);
   uint64_t sent = 0;
@@ -163,14 +192,17 @@ int main(int argc, char** argv) {
       on_worker = true;
     } else if (a == "--idle-polls") {
       idle_polls = true;
+    } else if (a == "--split") {
+      g_post.on = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--provider P] [--cpus A,B] [--iters N] [--rounds R] [--baselines] "
-                   "[--on-worker] [--idle-polls]\n",
+                   "[--on-worker] [--idle-polls] [--split]\n",
                    argv[0]);
       return 2;
     }
   }
+  if (g_post.on) g_post.ns.reserve(iters + 1024);
   setenv("FERRY_LOG", "warn", 0);
   ferry::core::pin_current_thread(app_cpu, "self_imm_bench");
   if (baselines && provider == "fake") {
@@ -190,11 +222,12 @@ int main(int argc, char** argv) {
     auto [h, desc] = e.reg_mr(region.data(), region.size());
     (void)h;
     auto counter = e.imm_counter(7);
-    bool ok = time_round(provider + (baselines ? " ferry" : ""), r, iters,
-                         [&](Clock::time_point give_up) {
-                           e.submit_imm(7, desc, ferry::OnDone::none());
-                           return spin_until(give_up, [&] { return counter.try_consume(1); });
-                         });
+    bool ok = time_round(
+        provider + (baselines ? " ferry" : ""), r, iters, [&](Clock::time_point give_up) {
+          g_post.timed([&] { return e.submit_imm(7, desc, ferry::OnDone::none()); });
+          return spin_until(give_up, [&] { return counter.try_consume(1); });
+        });
+    g_post.report(provider + (baselines ? " ferry" : ""), r);
     if (ok && idle_polls) {
       // Ask the worker to step aside, then time the polls of a waiter that
       // finds nothing.

@@ -151,6 +151,8 @@ union FastCmd {
   FastSend send;
   FastRecvPost recv_post;
   FastKind kind() const { return tag.kind; }
+  // A one-line immediate or send: what Worker::post_fast posts without a slot.
+  bool postable() const { return tag.kind == FastKind::kImm || tag.kind == FastKind::kSend; }
 };
 
 struct Command {

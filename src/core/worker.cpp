@@ -281,8 +281,7 @@ bool Worker::answering_inline() {
 }
 
 void Worker::post_reply() {
-  const FastKind kind = reply_.fast.kind();
-  if ((kind == FastKind::kImm || kind == FastKind::kSend) && post_fast(reply_)) {
+  if (reply_.fast.postable() && post_fast(reply_)) {
     wake_counters().inline_replies.add();
     return;
   }

@@ -27,8 +27,7 @@ uint32_t Worker::alloc_slot() {
 }
 
 void Worker::start_transfer(Command& cmd) {
-  if ((cmd.fast.kind() == FastKind::kImm || cmd.fast.kind() == FastKind::kSend) && post_fast(cmd))
-    return;
+  if (cmd.fast.postable() && post_fast(cmd)) return;
   uint32_t idx = alloc_slot();
   Slot& s = slots_[idx];
   s.gen = (s.gen + 1) & 0xFFFFFF;
