@@ -43,14 +43,13 @@ bool Worker::idle_wait(bool may_nap, bool helpers_drive, std::unique_lock<LoopLo
   nfds_t n = 0;
   fds[n++] = {wake_.fd(), POLLIN, 0};
   bool all_blockable = !helpers_drive;
-  for (auto& nic : nics_) {
-    if (helpers_drive) break;
-    int fd = nic.domain->wait_fd();
-    if (fd < 0 || !nic.domain->can_block()) {
+  for (size_t k = 0; all_blockable && k < nics_.size(); ++k) {
+    Domain& d = *nics_[k].domain;
+    const int fd = d.wait_fd();
+    if (fd < 0 || !d.can_block())
       all_blockable = false;
-      break;
-    }
-    fds[n++] = {fd, POLLIN, 0};
+    else
+      fds[n++] = {fd, POLLIN, 0};
   }
   if (!all_blockable && !may_nap) return false;
   napped_ = !all_blockable;
