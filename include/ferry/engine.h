@@ -98,8 +98,8 @@ struct EngineConfig {
   SpinYield spin_yield = SpinYield::kAuto;
   // kBusy, NICs any thread may call (libfabric): while a thread spins on an
   // ImmCounter or a RecvQueue (try_consume, wait, try_pop, pop) or the
-  // callback thread spins for events, the worker steps aside (keeps spinning,
-  // without touching its NICs) and lets that thread poll them and post its
+  // callback thread spins for events, the worker steps aside (sleeps on its
+  // eventfd, leaving its NICs and its core) and lets that thread poll them and post its
   // submissions itself, as an idle adaptive worker does: no thread crossing on
   // the way to or from the wire. Meanwhile the worker runs a turn of its own
   // every millisecond (deadlines), and takes the NICs back when the thread

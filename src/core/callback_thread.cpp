@@ -78,7 +78,11 @@ void CallbackThread::run() {
   // ago: an engine whose application takes no callbacks never gives it a
   // core, and the first event (one wake-up) starts the spinning.
   int64_t last_event_ns = now_ns() - kSpinWindowNs;
-  uint32_t empty_polls = 0;
+  // The next empty poll reads the clock: the thread spins (and polls the
+  // workers' NICs) only within a spin window, not for the polls before the
+  // next read after it starts or wakes from a timed wait. Those polls took a
+  // worker's NICs every 50 ms, and woke it from a step aside when they ended.
+  uint32_t empty_polls = kSpinPollsPerClock - 1;
   bool helped = false;     // polled for the workers since the last event
   uint32_t fruitless = 0;  // helping polls in a row that found nothing
   for (;;) {
@@ -124,6 +128,7 @@ void CallbackThread::run() {
       if (help && std::exchange(helped, false)) help->leave();
       wake_counters().callback_blocks.fetch_add(1, std::memory_order_relaxed);
       n = q_.wait_dequeue_bulk_timed(batch, 32, std::chrono::milliseconds(50));
+      if (n == 0) empty_polls = kSpinPollsPerClock - 1;
     }
     if (n > 0) {
       // One clock read per batch serves the help window and the queue delay.

@@ -269,19 +269,20 @@ class Worker final : public OpHost {
   bool idle_wait(bool may_nap, bool helpers_drive, std::unique_lock<LoopLock>& loop);
   // A spinning worker (busy, or adaptive in its spin phase without yields)
   // whose NICs threads spinning for arrivals poll themselves:
-  // it spins without its loop lock (napping_ set), so that they poll and post
+  // it sleeps without its loop lock (napping_ set), so that they poll and post
   // without waiting for it, until woken (a helper left), stopped, no helper
   // polled for kAsideNs, or kAsideTurnNs passed (a turn of its own is due).
   void step_aside(std::unique_lock<LoopLock>& loop);
   // Ends a nap, a block in poll(2) or a step aside (sleeping_ was seen set).
   void wake_up() {
-    // An adaptive worker steps aside only now and then: the flag while it
-    // does, else its eventfd. One that has just come back finds what the
-    // waker left in its ring at its next turn, or before it sleeps.
-    if (step_aside_ || (aside_in_spin_ && aside_active_.load(std::memory_order_seq_cst)))
-      aside_wake_.store(true, std::memory_order_release);
-    else
-      wake_.notify();
+    // A worker aside sleeps on its eventfd between looks at the flag: both,
+    // while it is aside. One that has just come back finds what the waker
+    // left in its ring at its next turn, or before it sleeps; a flag left set
+    // is cleared when it next steps aside. A busy worker sleeps nowhere else;
+    // an adaptive one steps aside only now and then, and blocks or naps on
+    // its eventfd otherwise.
+    if (step_aside_ || aside_in_spin_) aside_wake_.store(true, std::memory_order_seq_cst);
+    if (!step_aside_ || aside_active_.load(std::memory_order_seq_cst)) wake_.notify();
   }
   // The worker takes its loop lock back after yielding or blocking. A
   // submitter or a helping waiter holds it for a few microseconds: yield until
@@ -413,10 +414,9 @@ class Worker final : public OpHost {
   bool aside_in_spin_ = false;
   // A spinning thread found the worker holding its NICs: step aside.
   alignas(64) std::atomic<bool> want_aside_{false};
-  // Ends a step aside (wake_up): a flag, no syscall, since the worker spins.
+  // Ends a step aside (wake_up), with an eventfd write while the worker sleeps there.
   alignas(64) std::atomic<bool> aside_wake_{false};
-  // The worker is in step_aside: wakers of an adaptive one set aside_wake_,
-  // not its eventfd.
+  // The worker is in step_aside: wakers set aside_wake_ and write its eventfd.
   std::atomic<bool> aside_active_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;

@@ -109,6 +109,8 @@ void Worker::step_aside(std::unique_lock<LoopLock>& loop) {
   if (want_aside_.load(std::memory_order_relaxed))
     want_aside_.store(false, std::memory_order_relaxed);
   aside_wake_.store(false, std::memory_order_relaxed);
+  // A write meant for an earlier step aside; later ones come after this.
+  wake_.drain();
   // Before sleeping_: a waker that sees that sees this too (wake_up).
   aside_active_.store(true, std::memory_order_seq_cst);
   napped_ = true;
@@ -132,29 +134,31 @@ void Worker::step_aside(std::unique_lock<LoopLock>& loop) {
   }
   wake_counters().asides.add();
   loop.unlock();
-  // The flags are read from this core's cache until a waker writes them, the
-  // clock once per 64 polls. While helpers keep polling the worker stays
-  // aside, up to kAsideTurnNs (deadlines are scanned every millisecond); it
-  // looks every kAsideNs.
+  // Not spinning: the helpers do the work meanwhile, and a core spinning
+  // beside theirs slows them (docs/PERFORMANCE.md, "A worker aside sleeps").
+  // It sleeps on its eventfd until the next look, a wake (wake_up writes the
+  // eventfd while aside_active_ is set) or its turn. While helpers keep
+  // polling it stays aside, up to kAsideTurnNs (deadlines are scanned every
+  // millisecond); it looks every kAsideNs.
   const int64_t start = now_ns();
   int64_t until = start + kAsideNs;
   uint32_t seen = helped_.load(std::memory_order_relaxed);
-  for (uint32_t i = 1;; ++i) {
+  pollfd fd{wake_.fd(), POLLIN, 0};
+  for (;;) {
     if (aside_wake_.load(std::memory_order_acquire)) {
       called_ = true;
       break;
     }
     if (stop_.load(std::memory_order_relaxed)) break;
-    if (i % 64 == 0) {
-      const int64_t t = now_ns();
-      if (t >= until) {
-        const uint32_t h = helped_.load(std::memory_order_relaxed);
-        if (h == seen || t - start >= kAsideTurnNs) break;
-        seen = h;
-        until = t + kAsideNs;
-      }
+    const int64_t t = now_ns();
+    if (t >= until) {
+      const uint32_t h = helped_.load(std::memory_order_relaxed);
+      if (h == seen || t - start >= kAsideTurnNs) break;
+      seen = h;
+      until = t + kAsideNs;
     }
-    cpu_relax();
+    timespec ts{0, long(until - t)};
+    if (::ppoll(&fd, 1, &ts, nullptr) > 0) wake_.drain();
   }
   // A helper holds the lock for a few hundred nanoseconds: spin for it, but
   // not on the lock's line, which the helper writes.
@@ -163,7 +167,8 @@ void Worker::step_aside(std::unique_lock<LoopLock>& loop) {
   napping_.store(false, std::memory_order_relaxed);
   sleeping_.store(false, std::memory_order_seq_cst);
   // After sleeping_: a waker that still saw the worker asleep saw it aside,
-  // and neither writes its eventfd nor needs to (it is back at work).
+  // and may have written its eventfd; it is back at work, and the write is
+  // drained when it next steps aside or blocks.
   aside_active_.store(false, std::memory_order_seq_cst);
 }
 

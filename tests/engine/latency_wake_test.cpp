@@ -159,7 +159,11 @@ TEST_P(Wake, BusyWorkersNeverBlock) {
     ASSERT_TRUE(ping.wait(1, 10s).is_ok());
   }
   EXPECT_EQ(Snapshot::now().blocks, before.blocks);
-  EXPECT_EQ(Snapshot::now().notifies, before.notifies);
+  // Submissions write no eventfd; a wait that stops spinning (over tcp a poll
+  // is a system call, and 2 000 of them may pass before the answer) wakes the
+  // worker that stepped aside for it, which sleeps on its eventfd: at most one
+  // write per wait.
+  EXPECT_LE(Snapshot::now().notifies - before.notifies, 20u);
   // Who posts and polls: step_aside_test.cpp.
 }
 
