@@ -75,7 +75,7 @@ struct WakeStats {
   uint64_t woken_by_completion = 0;  // ...by a CQ's wait object
   uint64_t woken_by_timer = 0;       // ...by its timeout (deadlines, housekeeping)
   uint64_t naps = 0;                 // short timed sleeps (no wait object, or helpers drove)
-  uint64_t notifies = 0;             // eventfd writes by submitters
+  uint64_t notifies = 0;             // eventfd writes (submitters, helpers that stop)
   uint64_t inline_posts = 0;         // submissions posted by their own thread, the worker idle
   uint64_t inline_replies = 0;       // answers posted from the callback that made them
   uint64_t helped_polls = 0;         // a waiter's poll of an idle worker's NICs found work
@@ -84,6 +84,30 @@ struct WakeStats {
   uint64_t reply_hits = 0;           // ...and a submission came within the window
   uint64_t asides = 0;               // a busy worker stepped aside for spinning waiters
   int64_t asleep = 0;                // gauge: workers blocked or napping now
+};
+
+// The counts of WakeStats (all but the gauge), for readers that list them:
+// the field's name (Python's stats()["wake"] keys) and the singular event
+// label of the metric ferry_wake_events_total.
+struct WakeCount {
+  const char* name;
+  const char* event;
+  uint64_t WakeStats::*field;
+};
+inline constexpr WakeCount kWakeCounts[] = {
+    {"blocks", "block", &WakeStats::blocks},
+    {"woken_by_submission", "woken_by_submission", &WakeStats::woken_by_submission},
+    {"woken_by_completion", "woken_by_completion", &WakeStats::woken_by_completion},
+    {"woken_by_timer", "woken_by_timer", &WakeStats::woken_by_timer},
+    {"naps", "nap", &WakeStats::naps},
+    {"notifies", "notify", &WakeStats::notifies},
+    {"inline_posts", "inline_post", &WakeStats::inline_posts},
+    {"inline_replies", "inline_reply", &WakeStats::inline_replies},
+    {"helped_polls", "helped_poll", &WakeStats::helped_polls},
+    {"callback_blocks", "callback_block", &WakeStats::callback_blocks},
+    {"reply_windows", "reply_window", &WakeStats::reply_windows},
+    {"reply_hits", "reply_hit", &WakeStats::reply_hits},
+    {"asides", "aside", &WakeStats::asides},
 };
 
 struct EngineStats {

@@ -191,21 +191,8 @@ std::string prometheus_text(const EngineStats& s) {
   w.header("ferry_wake_events_total", "counter",
            "How idle workers slept and were woken, and work other threads did for them "
            "(process-wide)");
-  const std::pair<const char*, uint64_t> events[] = {{"block", k.blocks},
-                                                     {"woken_by_submission", k.woken_by_submission},
-                                                     {"woken_by_completion", k.woken_by_completion},
-                                                     {"woken_by_timer", k.woken_by_timer},
-                                                     {"nap", k.naps},
-                                                     {"notify", k.notifies},
-                                                     {"inline_post", k.inline_posts},
-                                                     {"inline_reply", k.inline_replies},
-                                                     {"helped_poll", k.helped_polls},
-                                                     {"callback_block", k.callback_blocks},
-                                                     {"reply_window", k.reply_windows},
-                                                     {"reply_hit", k.reply_hits},
-                                                     {"aside", k.asides}};
-  for (const auto& [event, n] : events)
-    w.sample("ferry_wake_events_total", fmt::format("event=\"{}\"", event), n);
+  for (const WakeCount& c : kWakeCounts)
+    w.sample("ferry_wake_events_total", fmt::format("event=\"{}\"", c.event), k.*c.field);
   w.header("ferry_workers_asleep", "gauge", "Workers blocked or napping now (process-wide)");
   w.sample("ferry_workers_asleep", "", double(k.asleep));
   w.header("ferry_stats_enabled", "gauge", "1 when the build keeps statistics");

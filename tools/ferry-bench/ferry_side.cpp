@@ -51,18 +51,11 @@ class WakeReport {
   }
   void print(ferry::TransferEngine& e, const char* side, const Point& p) const {
     if (!on_) return;
-    const ferry::WakeStats n = e.stats().wake, &s = start_;
-    fmt::print(stderr,
-               "wake {} {} {}: blocks {} (submission {}, completion {}, timer {}), naps {}, "
-               "notifies {}, inline posts {}, inline replies {}, helped polls {}, callback "
-               "blocks {}, reply windows {} (hits {}), asides {}\n",
-               side, kind_name(p.kind), p.size_label(), n.blocks - s.blocks,
-               n.woken_by_submission - s.woken_by_submission,
-               n.woken_by_completion - s.woken_by_completion, n.woken_by_timer - s.woken_by_timer,
-               n.naps - s.naps, n.notifies - s.notifies, n.inline_posts - s.inline_posts,
-               n.inline_replies - s.inline_replies, n.helped_polls - s.helped_polls,
-               n.callback_blocks - s.callback_blocks, n.reply_windows - s.reply_windows,
-               n.reply_hits - s.reply_hits, n.asides - s.asides);
+    const ferry::WakeStats n = e.stats().wake;
+    std::string counts;
+    for (const ferry::WakeCount& c : ferry::kWakeCounts)
+      counts += fmt::format(" {} {}", c.name, n.*c.field - start_.*c.field);
+    fmt::print(stderr, "wake {} {} {}:{}\n", side, kind_name(p.kind), p.size_label(), counts);
   }
 
  private:
