@@ -71,6 +71,7 @@ void CallbackThread::stop() {
 }
 
 void CallbackThread::run() {
+  name_current_thread("ferry-callback");
   pin_current_thread(cpu_, "callback thread");
   t_callback_thread_of = this;
   Queued batch[32];

@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -45,6 +46,12 @@ bool pin_current_thread(const std::vector<int>& cpus, const char* who) {
     return false;
   }
   return true;
+}
+
+void name_current_thread(const char* name) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%s", name);
+  pthread_setname_np(pthread_self(), buf);
 }
 
 }  // namespace ferry::core

@@ -373,6 +373,7 @@ Status Worker::call(std::function<Status()> fn, std::chrono::milliseconds timeou
 // ------------------------------------------------------------------ thread
 
 void Worker::run(std::promise<Status>* init) {
+  name_current_thread(fmt::format("ferry-worker{}", index_).c_str());
   if (group_.worker_cpu >= 0)
     pin_current_thread(group_.worker_cpu, "worker");
   else
