@@ -1,7 +1,6 @@
 #include "cuda/watcher.h"
 
 #include <fmt/format.h>
-#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -170,7 +169,7 @@ void WatcherService::stop() {
 
 void WatcherService::run(int cpu) {
   // Named so that operators (top -H) and benchmarks can find it.
-  pthread_setname_np(pthread_self(), "ferry-watcher");
+  core::name_current_thread("ferry-watcher");
   tid_.store(pid_t(syscall(SYS_gettid)), std::memory_order_release);
   if (cpu >= 0) core::pin_current_thread(cpu, "watcher");
   int64_t last_sweep = 0;

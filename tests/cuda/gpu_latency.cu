@@ -32,7 +32,7 @@
 #include "ferry/device.cuh"
 #include "ferry/engine.h"
 #include "gpu_config.h"
-#include "thread_cpu.h"
+#include "support/thread_cpu.h"
 
 namespace {
 

@@ -14,7 +14,7 @@
 #include "cuda/watcher.h"
 #include "ferry/engine.h"
 #include "gpu_config.h"
-#include "thread_cpu.h"
+#include "support/thread_cpu.h"
 
 namespace ferry::cuda {
 namespace {

@@ -6,14 +6,11 @@
 // measured here. An adaptive worker stays aside only while its helpers find
 // arrivals (step_aside_test.cpp).
 #include <gtest/gtest.h>
-#include <unistd.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -21,6 +18,7 @@
 #include "ferry/ferry.h"
 #include "support/engine_config.h"
 #include "support/process.h"
+#include "support/thread_cpu.h"
 
 namespace ferry {
 namespace {
@@ -30,32 +28,6 @@ using core::wake_counters;
 
 class AsideCpu : public ::testing::TestWithParam<std::string> {};
 
-// CPU seconds used so far by this process's threads named `name` (the
-// engine names its worker threads ferry-worker<group>).
-double thread_cpu_seconds(const std::string& name) {
-  double total = 0;
-  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(t.path() / "comm");
-    std::string c;
-    std::getline(comm, c);
-    if (c != name) continue;
-    std::ifstream stat(t.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    // Fields after the command's closing parenthesis: state is field 3,
-    // utime and stime fields 14 and 15, in clock ticks.
-    std::istringstream rest(line.substr(line.rfind(')') + 2));
-    std::string field;
-    uint64_t utime = 0, stime = 0;
-    for (int f = 3; f <= 15 && rest >> field; ++f) {
-      if (f == 14) utime = std::stoull(field);
-      if (f == 15) stime = std::stoull(field);
-    }
-    total += double(utime + stime) / double(sysconf(_SC_CLK_TCK));
-  }
-  return total;
-}
-
 // A worker that stepped aside sleeps: while a thread spins on a counter, the
 // worker uses little CPU (spinning there, it used a core of its own, and
 // slowed the spinner where the two share a physical core or a power budget).
@@ -63,6 +35,9 @@ TEST_P(AsideCpu, AWorkerAsideLeavesItsCore) {
   EngineConfig c = test::config_for(GetParam());
   c.poll_mode = PollMode::kBusy;
   TransferEngine a(c);
+  // The engine names its worker threads ferry-worker<group>.
+  const pid_t worker = test::find_thread("ferry-worker0");
+  ASSERT_NE(worker, 0) << "no thread named ferry-worker0";
   auto never = a.imm_counter(47);
   const uint64_t asides = wake_counters().asides.load();
   std::atomic<bool> stop{false};
@@ -70,11 +45,11 @@ TEST_P(AsideCpu, AWorkerAsideLeavesItsCore) {
     while (!stop.load()) never.try_consume(1);
   });
   const bool aside = test::wait_until([&] { return wake_counters().asides.load() > asides; }, 10s);
-  const double c0 = thread_cpu_seconds("ferry-worker0");
+  const double c0 = test::thread_cpu_seconds(worker);
   const auto w0 = std::chrono::steady_clock::now();
   // A window of a second (CPU times count in clock ticks of 10 ms).
   test::wait_until([&] { return std::chrono::steady_clock::now() - w0 > 1s; }, 10s);
-  const double used = thread_cpu_seconds("ferry-worker0") - c0;
+  const double used = test::thread_cpu_seconds(worker) - c0;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
   stop = true;
   spinner.join();

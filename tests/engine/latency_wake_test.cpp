@@ -154,7 +154,8 @@ TEST_P(Wake, BusyWorkersNeverBlock) {
   auto dst = test::region(b, 4096);
   auto ping = b.imm_counter(7);
   const Snapshot before = Snapshot::now();
-  for (int i = 0; i < 20; ++i) {
+  constexpr uint64_t kWaits = 20;
+  for (uint64_t i = 0; i < kWaits; ++i) {
     a.submit_imm(7, dst.d, OnDone::none());
     ASSERT_TRUE(ping.wait(1, 10s).is_ok());
   }
@@ -163,7 +164,7 @@ TEST_P(Wake, BusyWorkersNeverBlock) {
   // is a system call, and 2 000 of them may pass before the answer) wakes the
   // worker that stepped aside for it, which sleeps on its eventfd: at most one
   // write per wait.
-  EXPECT_LE(Snapshot::now().notifies - before.notifies, 20u);
+  EXPECT_LE(Snapshot::now().notifies - before.notifies, kWaits);
   // Who posts and polls: step_aside_test.cpp.
 }
 
