@@ -25,7 +25,7 @@ constexpr uint32_t kMaxNapDoublings = 4;
 constexpr auto kMaxBlock = std::chrono::milliseconds(10);
 // A worker that stepped aside first looks whether helpers still poll after
 // kAsideNs, then at twice the last interval while they do, up to
-// kAsideMaxNs: each look is a wake-up from a sleep (8-9 µs of CPU in a VM), so
+// kAsideMaxNs: each look is a wake-up from a sleep (8-9.5 µs of CPU in a VM), so
 // looking every 50 µs cost the worker 16-19 % of a core while aside. It
 // runs a turn of its own (deadlines) at least every kAsideTurnNs.
 constexpr int64_t kAsideNs = 50'000;
