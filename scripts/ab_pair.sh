@@ -6,7 +6,8 @@
 #   scripts/ab_pair.sh A B [ROUNDS]
 # Per round, in the order A B (odd rounds) or B A (even rounds): the busy ping-pong with the
 # application threads pinned (shm, then tcp), with each side's wake-up counts in round 1;
-# then a self round trip each, and the idle CPU of each. Output: $OUT/ab_pair.txt.
+# then two rounds of the scatter and barrier throughput points (shm), a self round trip
+# each, and the idle CPU of each. Output: $OUT/ab_pair.txt.
 # CPUS and SERVER_CPUS override the pinning (defaults for a 16-CPU host).
 set -uo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 A B [ROUNDS]" >&2; exit 2; }
@@ -28,6 +29,13 @@ for r in $(seq 1 "$ROUNDS"); do
       timeout 60 "$d/ferry-bench" --provider "$p" "${PIN[@]}" --only imm,sendrecv --seconds 0.3 \
         "${wake[@]}" 2>&1 | grep -E "^(imm|send|wake)"
     done
+  done
+done
+for r in 1 2; do
+  for d in $A $B; do
+    echo "######## busy pinned shm scatter and barrier round $r $d"
+    timeout 60 "$d/ferry-bench" --provider shm "${PIN[@]}" --quick --only scatter,barrier 2>&1 |
+      grep -E "^(scatter|barrier)"
   done
 done
 for r in 1 2; do
