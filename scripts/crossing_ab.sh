@@ -2,12 +2,15 @@
 # On the lent host: builds of the engine alternating on the latency points of
 # issue 17 (docs/PERFORMANCE.md, "The crossing, cheaper"). For each round and each
 # build (the order rotates from round to round): ferry-bench's ping-pongs against
-# the raw provider (busy polling, pinned), self_imm_bench (one engine's immediate
-# to itself), then once per build the throughput points and the idle CPU of an
-# adaptive engine, and the hops of the last build's round trip (scripts/lent_host_ab.sh).
+# the raw provider (busy polling, pinned; each side's wake-up counts in round 1),
+# self_imm_bench (one engine's immediate to itself, beside the raw loop), then the
+# throughput points and the idle CPU of an adaptive engine, and the hops of the last
+# build's round trip (scripts/lent_host_ab.sh).
 #   BUILDS        names of the builds (default "A B"; A = before)
 #   BIN_<name>    folder of each, holding ferry-bench, self_imm_bench, ferry-idle
 #   ROUNDS        rounds of the alternation (default 2)
+#   THROUGHPUT    the throughput points (default "single,paged"), run THROUGHPUT_ROUNDS
+#                 times per build (default 1), the order rotating as above
 # Output: $OUT/crossing.txt, $OUT/hops.txt, $OUT/summary.txt; libspdlog, libfmt, libnuma from .gpu-carry/lib.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +23,7 @@ f=$O/crossing.txt
 read -r -a builds <<< "${BUILDS:-A B}"
 n=${#builds[@]}
 for r in $(seq 1 "${ROUNDS:-2}"); do
+  wake=(); [ "$r" = 1 ] && wake=(--wake)
   for i in $(seq 0 $((n - 1))); do
     v=${builds[$(((i + r - 1) % n))]}
     b=BIN_$v
@@ -27,12 +31,24 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     for p in "tcp;ofi_rxm" shm; do
       echo "== round $r build $v $p busy, pinned" >> "$f"
       timeout 120 "$b/ferry-bench" --provider "$p" "${PIN[@]}" --only imm,sendrecv --seconds 0.4 \
-        --repeat 3 >> "$f" 2>&1 || echo "rc=$?" >> "$f"
+        --repeat 3 "${wake[@]}" >> "$f" 2>&1 || echo "rc=$?" >> "$f"
     done
     for p in shm tcp; do
       echo "== round $r build $v self_imm_bench $p" >> "$f"
       timeout 60 "$b/self_imm_bench" --provider "$p" --cpus 2,4 --iters 100000 --rounds 3 \
-        >> "$f" 2>&1 || echo "rc=$?" >> "$f"
+        --baselines >> "$f" 2>&1 || echo "rc=$?" >> "$f"
+    done
+  done
+done
+for r in $(seq 1 "${THROUGHPUT_ROUNDS:-1}"); do
+  for i in $(seq 0 $((n - 1))); do
+    v=${builds[$(((i + r - 1) % n))]}
+    b=BIN_$v
+    b=${!b}
+    for p in "tcp;ofi_rxm" shm; do
+      echo "== round $r build $v $p throughput, busy, pinned" >> "$f"
+      timeout 120 "$b/ferry-bench" --provider "$p" "${PIN[@]}" --only "${THROUGHPUT:-single,paged}" \
+        --quick >> "$f" 2>&1 || echo "rc=$?" >> "$f"
     done
   done
 done
@@ -40,9 +56,6 @@ for v in "${builds[@]}"; do
   b=BIN_$v
   b=${!b}
   for p in "tcp;ofi_rxm" shm; do
-    echo "== build $v $p throughput, busy, pinned" >> "$f"
-    timeout 120 "$b/ferry-bench" --provider "$p" "${PIN[@]}" --only single,paged --quick \
-      >> "$f" 2>&1 || echo "rc=$?" >> "$f"
     echo "== build $v $p idle" >> "$f"
     timeout 30 "$b/ferry-idle" --provider "$p" --seconds 4 >> "$f" 2>&1 || echo "rc=$?" >> "$f"
   done
