@@ -49,7 +49,7 @@
 //   stale_us=N   minimum age of a stale duplicate in microseconds (default 1000).
 //
 // A ctx handed to post_* is opaque, except for `stale`: it reads the worker's
-// layout tag(8) | generation(24) | slot(32) (core/worker.cpp) to know when a
+// layout tag(8) | generation(24) | slot(32) (core/ctx.h) to know when a
 // slot was reused. Contexts of the wrapper's own writes carry tag 0xFE.
 #pragma once
 
