@@ -18,7 +18,6 @@ Skipped where torch (or its gloo backend) is absent.
 from __future__ import annotations
 
 import datetime
-import multiprocessing as mp
 import os
 import time
 
@@ -28,6 +27,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 import ferry  # noqa: E402
+from proc_world import ProcWorld  # noqa: E402
 
 if not (dist.is_available() and dist.is_gloo_available()):
     pytest.skip("torch.distributed without gloo", allow_module_level=True)
@@ -126,38 +126,9 @@ def rank_main(rank: int, store_path: str, conn) -> None:
         os._exit(0)
 
 
-class World:
-    def __init__(self, tmp):
-        ctx = mp.get_context("spawn")
-        self.conns, self.procs = [], []
-        for r in range(WORLD):
-            here, there = ctx.Pipe()
-            p = ctx.Process(target=rank_main, args=(r, str(tmp / "store"), there), daemon=True)
-            p.start()
-            there.close()
-            self.conns.append(here)
-            self.procs.append(p)
-
-    def expect(self, rank: int, phase: str, timeout: float):
-        c = self.conns[rank]
-        if not c.poll(timeout):
-            raise AssertionError(f"rank {rank}: nothing within {timeout} s waiting for {phase}")
-        what, value = c.recv()
-        if what == "error":
-            raise AssertionError(f"rank {rank} failed:\n{value}")
-        assert what == phase, (rank, what, value)
-        return value
-
-    def close(self):
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()
-            p.join(10)
-
-
 @pytest.fixture(scope="module")
 def phases(tmp_path_factory):
-    w = World(tmp_path_factory.mktemp("gloo"))
+    w = ProcWorld(WORLD, rank_main, str(tmp_path_factory.mktemp("gloo") / "store"))
     out = {}
     try:
         out["A"] = [w.expect(r, "A", 120) for r in range(WORLD)]  # includes starting torch
