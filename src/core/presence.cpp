@@ -6,14 +6,15 @@
 
 #include <thread>
 
+#include "core/thread_records.h"
+
 namespace ferry::core::presence {
 
 namespace {
 
 // Static storage, never destroyed: threads may still enter gates while the
 // process exits.
-Record g_records[kRecords];
-std::atomic<size_t> g_used{0};  // records ever handed out (a high-water mark)
+constinit ThreadRecords<Record, kRecords> g_records;
 
 long membarrier(int cmd) {
   return ::syscall(__NR_membarrier, cmd, 0, 0);
@@ -31,7 +32,7 @@ struct Releaser {
     if (r == nullptr) return;
     detail::t_record = nullptr;
     r->depth = 0;
-    r->owned.store(false, std::memory_order_release);
+    g_records.give_back(r);
   }
 };
 
@@ -55,26 +56,8 @@ bool expedited() {
 Record* acquire_record() {
   if (t_exiting || !expedited()) return nullptr;
   static thread_local Releaser releaser;
-  Record* got = nullptr;
-  const size_t used = g_used.load(std::memory_order_acquire);
-  for (size_t i = 0; i < used && got == nullptr; ++i) {
-    bool free = false;
-    if (g_records[i].owned.compare_exchange_strong(free, true, std::memory_order_acq_rel))
-      got = &g_records[i];
-  }
-  while (got == nullptr) {
-    size_t n = g_used.load(std::memory_order_relaxed);
-    if (n >= kRecords) return nullptr;
-    bool free = false;
-    if (g_records[n].owned.compare_exchange_strong(free, true, std::memory_order_acq_rel)) {
-      got = &g_records[n];
-      size_t expect = n;
-      // Publish it to the closers' scans (a record that is not published
-      // yet has never held a slot).
-      while (expect < n + 1 && !g_used.compare_exchange_weak(expect, n + 1)) {
-      }
-    }
-  }
+  Record* got = g_records.take();
+  if (got == nullptr) return nullptr;
   got->depth = 0;
   releaser.r = got;
   detail::t_record = got;
@@ -97,8 +80,7 @@ void heavy_fence() {
 }
 
 bool anyone_in(const void* gate) {
-  const size_t used = g_used.load(std::memory_order_acquire);
-  for (size_t i = 0; i < used; ++i)
+  for (size_t i = 0, used = g_records.used(); i < used; ++i)
     for (const auto& s : g_records[i].slot)
       if (s.load(std::memory_order_acquire) == gate) return true;
   return false;

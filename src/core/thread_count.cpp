@@ -1,18 +1,19 @@
 #include "core/thread_count.h"
 
-#include <algorithm>
-#include <memory>
 #include <mutex>
 #include <stdexcept>
-#include <vector>
+
+#include "core/thread_records.h"
 
 namespace ferry::core {
 
 namespace {
 
 struct Registry {
+  // Held by load() and by a thread folding its block into the totals, so that
+  // a sum never counts a block twice or misses it.
   std::mutex mu;
-  std::vector<std::unique_ptr<detail::ThreadCells>> live;
+  ThreadRecords<detail::ThreadCells, kMaxCountingThreads> blocks;
   std::array<std::atomic<uint64_t>, kMaxThreadCounts> retired{};
   std::atomic<size_t> next_id{0};
 };
@@ -24,22 +25,25 @@ Registry& registry() {
   return *r;
 }
 
-thread_local bool t_retired = false;
+// Set at the thread's exit, or when no block was free: adds go to the totals.
+thread_local bool t_no_block = false;
 
-// Folds the thread's block into the totals when the thread exits.
+// Folds the thread's block into the totals when the thread exits, and clears
+// it for the next thread that takes it.
 struct Retirer {
   ~Retirer() {
     detail::ThreadCells* c = detail::t_cells;
-    t_retired = true;
+    t_no_block = true;
     detail::t_cells = nullptr;
     if (c == nullptr) return;
     Registry& r = registry();
-    std::lock_guard lk(r.mu);
-    for (size_t i = 0; i < kMaxThreadCounts; ++i)
-      r.retired[i].fetch_add(c->v[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
-    auto it =
-        std::find_if(r.live.begin(), r.live.end(), [&](const auto& p) { return p.get() == c; });
-    if (it != r.live.end()) r.live.erase(it);
+    {
+      std::lock_guard lk(r.mu);
+      for (size_t i = 0; i < kMaxThreadCounts; ++i)
+        r.retired[i].fetch_add(c->v[i].exchange(0, std::memory_order_relaxed),
+                               std::memory_order_relaxed);
+    }
+    r.blocks.give_back(c);
   }
 };
 
@@ -48,16 +52,11 @@ struct Retirer {
 namespace detail {
 
 ThreadCells* register_thread_cells() {
-  if (t_retired) return nullptr;
+  if (t_no_block) return nullptr;
   static thread_local Retirer retirer;  // its destructor runs at this thread's exit
   (void)retirer;
-  auto cells = std::make_unique<ThreadCells>();
-  ThreadCells* c = cells.get();
-  Registry& r = registry();
-  {
-    std::lock_guard lk(r.mu);
-    r.live.push_back(std::move(cells));
-  }
+  ThreadCells* c = registry().blocks.take();
+  if (c == nullptr) t_no_block = true;
   t_cells = c;
   return c;
 }
@@ -76,7 +75,8 @@ uint64_t ThreadCount::load() const {
   Registry& r = registry();
   std::lock_guard lk(r.mu);
   uint64_t sum = r.retired[id_].load(std::memory_order_relaxed);
-  for (const auto& c : r.live) sum += c->v[id_].load(std::memory_order_relaxed);
+  for (size_t i = 0, n = r.blocks.used(); i < n; ++i)
+    sum += r.blocks[i].v[id_].load(std::memory_order_relaxed);
   return sum;
 }
 

@@ -1,10 +1,10 @@
 // A count that many threads add to per submission or per poll (the wake-up
 // counters of core/wake.h), with no locked instruction on the way: each
 // thread adds to a cell of its own, one writer per cell, by a load and a
-// store. Cells live in a per-thread block, registered while its thread lives
-// and folded into the retired totals when it exits; load() sums the live
-// blocks and the retired totals under the registry's lock (for tests and
-// statistics, not for the datapath).
+// store. Cells live in a per-thread block (core/thread_records.h), folded into
+// the retired totals and cleared when its thread exits; load() sums the blocks
+// and the retired totals under the totals' lock (for tests and statistics,
+// not for the datapath).
 #pragma once
 
 #include <array>
@@ -15,15 +15,20 @@
 namespace ferry::core {
 
 inline constexpr size_t kMaxThreadCounts = 16;  // ThreadCount objects per process
+// Threads with a block at once; those beyond it add to the totals directly (a
+// locked instruction per add).
+inline constexpr size_t kMaxCountingThreads = 1024;
 
 namespace detail {
 struct ThreadCells {
   std::array<std::atomic<uint64_t>, kMaxThreadCounts> v{};
+  std::atomic<bool> owned{false};
 };
 // Trivial, so reading it needs no initialisation check.
 inline thread_local ThreadCells* t_cells = nullptr;
-// The calling thread's block, registered on first use; null once the
-// thread's exit handling retired it (a count added then goes to the totals).
+// The calling thread's block, taken on first use; null once the thread's exit
+// handling retired it, or when every block is taken (a count added then goes
+// to the totals).
 ThreadCells* register_thread_cells();
 void add_retired(size_t id, uint64_t n);
 }  // namespace detail

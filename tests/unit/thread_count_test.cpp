@@ -1,6 +1,7 @@
 // Per-thread counts (core/thread_count.h): every add is counted once, by
-// threads that are still running and by threads that exited, and adds made
-// while a thread exits (after its block was retired) are not lost.
+// threads that are still running and by threads that exited, adds made while
+// a thread exits (after its block was retired) are not lost, and a block
+// given back counts from zero for the next thread that takes it.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -60,6 +61,20 @@ TEST(ThreadCount, AnAddDuringThreadExitIsCounted) {
   });
   t.join();
   EXPECT_EQ(c.load() - before, 2u);
+}
+
+// More threads over time than there are blocks: each exited thread's block is
+// taken again, and what its first owner added is counted once, in the totals.
+TEST(ThreadCount, BlocksOfExitedThreadsAreReusedAndCountedOnce) {
+  ThreadCount& c = counted();
+  const uint64_t before = c.load();
+  constexpr size_t kThreads = kMaxCountingThreads + kMaxCountingThreads / 2;
+  constexpr int kAdds = 7;
+  for (size_t t = 0; t < kThreads; ++t)
+    std::thread([&] {
+      for (int i = 0; i < kAdds; ++i) c.add();
+    }).join();
+  EXPECT_EQ(c.load() - before, uint64_t(kThreads) * kAdds);
 }
 
 }  // namespace
