@@ -20,7 +20,9 @@ inline constexpr size_t kMaxThreadCounts = 16;  // ThreadCount objects per proce
 inline constexpr size_t kMaxCountingThreads = 1024;
 
 namespace detail {
-struct ThreadCells {
+// A line of its own for each thread's block: blocks stand side by side in
+// one table, and two threads adding on a shared line would contend for it.
+struct alignas(64) ThreadCells {
   std::array<std::atomic<uint64_t>, kMaxThreadCounts> v{};
   std::atomic<bool> owned{false};
 };
