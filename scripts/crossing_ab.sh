@@ -22,12 +22,14 @@ f=$O/crossing.txt
 { date -u; nproc; uptime; lscpu | grep -E "Model name|^CPU\(s\)|NUMA node"; } > "$f" 2>&1
 read -r -a builds <<< "${BUILDS:-A B}"
 n=${#builds[@]}
+# The builds in round $1's order: the list rotated by one more each round.
+rotation() { for i in $(seq 0 $((n - 1))); do echo "${builds[$(((i + $1 - 1) % n))]}"; done; }
+# The folder of build $1 (BIN_<name>).
+bin_of() { local b=BIN_$1; echo "${!b}"; }
 for r in $(seq 1 "${ROUNDS:-2}"); do
   wake=(); [ "$r" = 1 ] && wake=(--wake)
-  for i in $(seq 0 $((n - 1))); do
-    v=${builds[$(((i + r - 1) % n))]}
-    b=BIN_$v
-    b=${!b}
+  for v in $(rotation "$r"); do
+    b=$(bin_of "$v")
     for p in "tcp;ofi_rxm" shm; do
       echo "== round $r build $v $p busy, pinned" >> "$f"
       timeout 120 "$b/ferry-bench" --provider "$p" "${PIN[@]}" --only imm,sendrecv --seconds 0.4 \
@@ -41,10 +43,8 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   done
 done
 for r in $(seq 1 "${THROUGHPUT_ROUNDS:-1}"); do
-  for i in $(seq 0 $((n - 1))); do
-    v=${builds[$(((i + r - 1) % n))]}
-    b=BIN_$v
-    b=${!b}
+  for v in $(rotation "$r"); do
+    b=$(bin_of "$v")
     for p in "tcp;ofi_rxm" shm; do
       echo "== round $r build $v $p throughput, busy, pinned" >> "$f"
       timeout 120 "$b/ferry-bench" --provider "$p" "${PIN[@]}" --only "${THROUGHPUT:-single,paged}" \
@@ -53,8 +53,7 @@ for r in $(seq 1 "${THROUGHPUT_ROUNDS:-1}"); do
   done
 done
 for v in "${builds[@]}"; do
-  b=BIN_$v
-  b=${!b}
+  b=$(bin_of "$v")
   for p in "tcp;ofi_rxm" shm; do
     echo "== build $v $p idle" >> "$f"
     timeout 30 "$b/ferry-idle" --provider "$p" --seconds 4 >> "$f" 2>&1 || echo "rc=$?" >> "$f"
@@ -62,6 +61,5 @@ for v in "${builds[@]}"; do
 done
 # Where the last build's round trip goes, hop by hop: lent_host_ab.sh's hops
 # section, into $OUT/hops.txt.
-last=BIN_${builds[$((n - 1))]}
-SECTIONS=hops BIN=${!last} bash scripts/lent_host_ab.sh
+SECTIONS=hops BIN=$(bin_of "${builds[$((n - 1))]}") bash scripts/lent_host_ab.sh
 date -u >> "$f"
