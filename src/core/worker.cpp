@@ -33,6 +33,9 @@ constexpr auto kHelpersDrive = std::chrono::microseconds(50);
 constexpr int64_t kReplyWindowNs = 2'000;
 constexpr uint32_t kMaxWindowBackoff = 10;
 
+// This thread is a worker's own (not one doing its work for a while).
+thread_local bool t_worker_main = false;
+
 }  // namespace
 
 using worker_thread::t_doing_work_of;
@@ -108,7 +111,7 @@ void Worker::run(std::promise<Status>* init) {
   if (!st.is_ok()) return;
 
   worker_thread::t_worker = true;
-  worker_thread::t_main = true;
+  t_worker_main = true;
   t_doing_work_of = this;
   auto yield_cpu = [&] {
     loop.unlock();
@@ -429,7 +432,7 @@ void Worker::signal(OnDone on_done, Status st) {
   if (on_done.needs_callback_thread())
     shared_->callbacks->push(
         TransferDoneEvent{std::move(on_done), std::move(st)}, turn_ns(),
-        worker_thread::t_main ? CallbackThread::kFromWorkerThread : CallbackThread::kFromHelper);
+        t_worker_main ? CallbackThread::kFromWorkerThread : CallbackThread::kFromHelper);
   else
     on_done.signal_inline(st);
 }

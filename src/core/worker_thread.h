@@ -8,8 +8,6 @@ namespace ferry::core::worker_thread {
 // The calling thread is a worker or does a worker's work: nothing it starts
 // may wait for admission.
 inline thread_local bool t_worker = false;
-// This thread is a worker's own (not one doing its work for a while).
-inline thread_local bool t_main = false;
 // The worker whose work this thread does: its own thread's, or the one whose
 // loop lock this thread holds while it does that worker's work (AsWorker).
 inline thread_local const void* t_doing_work_of = nullptr;
