@@ -37,38 +37,11 @@ Status SendBuffers::acquire(Clock::time_point deadline, bool wait, uint32_t* out
     return Status(Code::kResourceExhausted,
                   "submit_send: every send buffer is in flight (EngineConfig::send_buffer_count)");
   };
-  if (closed_.load(std::memory_order_acquire)) return stopped();
+  if (room_.closed()) return stopped();
   if (try_pop(out)) return {};
   if (!wait) return none();
-  std::unique_lock lk(mu_);
-  waiters_.fetch_add(1, std::memory_order_seq_cst);
-  // Pairs with release: its push is seen below, or its load sees this waiter.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  Status st;
-  for (;;) {
-    if (closed_.load(std::memory_order_acquire)) {
-      st = stopped();
-      break;
-    }
-    if (try_pop(out)) break;
-    if (deadline == Clock::time_point{}) {
-      cv_.wait(lk);
-    } else if (cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
-      if (closed_.load(std::memory_order_acquire))
-        st = stopped();
-      else if (!try_pop(out))
-        st = none();
-      break;
-    }
-  }
-  waiters_.fetch_sub(1, std::memory_order_relaxed);
-  return st;
-}
-
-void SendBuffers::close() {
-  closed_.store(true, std::memory_order_release);
-  std::lock_guard lk(mu_);
-  cv_.notify_all();
+  return room_.wait(
+      deadline, [&] { return try_pop(out); }, none, stopped);
 }
 
 }  // namespace ferry::core

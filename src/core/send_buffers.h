@@ -1,17 +1,15 @@
 // Indices of the engine's free send buffers: taken by submitters (submit_send)
 // and given back by the worker once the send completed. A lock-free stack (R.
 // K. Treiber's, its head tagged against ABA), so neither side takes a lock on
-// its way to the wire; the lock and condition variable are only for a
-// submitter that finds none and waits.
+// its way to the wire; only a submitter that finds none waits (RoomWait).
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 
+#include "core/room_wait.h"
 #include "ferry/types.h"
 
 namespace ferry::core {
@@ -24,20 +22,14 @@ class SendBuffers {
   void reset(uint32_t n);
   // Any thread.
   void release(uint32_t i) {
-    push(i);
-    // Pairs with acquire's fence: a waiter either finds i, or is counted here.
-    // push's exchange and this load are sequentially consistent, so no fence
-    // here (on x86 a second full barrier after the locked exchange).
-    if (waiters_.load(std::memory_order_seq_cst) > 0) {
-      std::lock_guard lk(mu_);
-      cv_.notify_one();
-    }
+    push(i);  // sequentially consistent, as RoomWait asks of a give-back
+    room_.released();
   }
   // kOk with *out set; kResourceExhausted when none came by the deadline (at
   // once when !wait; epoch = no deadline); kFailedPrecondition once closed.
   Status acquire(Clock::time_point deadline, bool wait, uint32_t* out);
   // Wakes every waiter; acquire fails from now on.
-  void close();
+  void close() { room_.close(); }
 
  private:
   static constexpr uint32_t kNone = UINT32_MAX;
@@ -50,10 +42,7 @@ class SendBuffers {
 
   std::unique_ptr<std::atomic<uint32_t>[]> next_;
   alignas(64) std::atomic<uint64_t> head_{kNone};  // tag << 32 | top index
-  alignas(64) std::atomic<int32_t> waiters_{0};
-  std::atomic<bool> closed_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
+  RoomWait room_;
 };
 
 }  // namespace ferry::core

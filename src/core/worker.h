@@ -27,6 +27,7 @@
 #include "core/ops.h"
 #include "core/requests.h"
 #include "core/ring.h"
+#include "core/room_wait.h"
 #include "core/send_buffers.h"
 #include "core/sharding.h"
 #include "core/stats.h"
@@ -393,10 +394,7 @@ class Worker final : public OpHost {
   alignas(64) std::atomic<uint64_t> admitted_{0};
   std::atomic<uint64_t> released_seen_{0};
   alignas(64) std::atomic<uint64_t> released_{0};
-  alignas(64) std::atomic<int32_t> blocked_{0};
-  std::atomic<bool> closed_{false};
-  std::mutex space_mu_;
-  std::condition_variable space_cv_;
+  RoomWait room_;  // submitters waiting for admission (QueueFull::kBlock)
   WakeFd wake_;
   std::atomic<bool> sleeping_{false};
   std::atomic<bool> napping_{false};  // sleeping_ in a timed nap, not in poll(2)

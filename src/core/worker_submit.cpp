@@ -43,7 +43,7 @@ Status Worker::admit(Clock::time_point deadline) {
     }
   };
   auto stopped = [] { return Status(Code::kFailedPrecondition, "the transfer engine is stopped"); };
-  if (closed_.load(std::memory_order_acquire)) return stopped();
+  if (room_.closed()) return stopped();
   if (try_admit(limit)) return {};
   auto full = [&] {
     return Status(Code::kResourceExhausted,
@@ -64,45 +64,19 @@ Status Worker::admit(Clock::time_point deadline) {
                               index_, limit + reserve, limit, reserve));
   }
   if (shared_->config.queue_full == QueueFull::kRefuse) return full();
-  blocked_.fetch_add(1, std::memory_order_seq_cst);
-  // release_admission's add precedes its load of blocked_; this fence makes
-  // try_admit's load of released_ see that add if the load missed this one.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  std::unique_lock lk(space_mu_);
-  Status st;
-  for (;;) {
-    if (closed_.load(std::memory_order_acquire)) {
-      st = stopped();
-      break;
-    }
-    if (try_admit(limit)) break;
-    if (deadline == Clock::time_point{}) {
-      space_cv_.wait(lk);
-    } else if (space_cv_.wait_until(lk, deadline) == std::cv_status::timeout) {
-      if (!try_admit(limit)) st = full();
-      break;
-    }
-  }
-  lk.unlock();
-  blocked_.fetch_sub(1, std::memory_order_seq_cst);
-  return st;
+  return room_.wait(
+      deadline, [&] { return try_admit(limit); }, full, stopped);
 }
 
 void Worker::release_admission() {
-  // Pairs with admit(): a waiter registers in blocked_, fences, then
-  // re-checks. Both accesses here are sequentially consistent, so no fence of
-  // its own: on x86 the add is one locked instruction, the load a plain one.
+  // Sequentially consistent, as RoomWait asks of a give-back: on x86 one
+  // locked instruction, and released()'s load a plain one.
   released_.fetch_add(1, std::memory_order_seq_cst);
-  if (blocked_.load(std::memory_order_seq_cst) > 0) {
-    std::lock_guard lk(space_mu_);
-    space_cv_.notify_one();
-  }
+  room_.released();
 }
 
 void Worker::close_admission() {
-  closed_.store(true, std::memory_order_seq_cst);
-  std::lock_guard lk(space_mu_);
-  space_cv_.notify_all();
+  room_.close();
 }
 
 void Worker::submit(Command&& cmd) {
@@ -168,9 +142,7 @@ bool Worker::nothing_for_worker() {
   // Under loop_mu_. A slot's OnDone would wait for the end of the nap, and so
   // would a submitter waiting for room, a post the NIC refused or a deferred
   // re-post; a slotless post's completion only gives back a credit.
-  if (active_ != 0 || reposts_n_ != 0 || has_commands() ||
-      blocked_.load(std::memory_order_relaxed) != 0)
-    return false;
+  if (active_ != 0 || reposts_n_ != 0 || has_commands() || room_.waiting() != 0) return false;
   for (auto& nic : nics_)
     if (!nic.pending.empty()) return false;
   return true;
