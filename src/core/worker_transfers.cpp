@@ -95,7 +95,7 @@ void Worker::enqueue_plan(uint32_t idx, const ShardPlan& plan) {
   }
 }
 
-bool Worker::progress_posts() {
+bool Worker::progress_queued_posts() {
   bool did = false;
   const std::span<WriteDesc> batch(post_batch_);
   uint32_t* const units = post_units_.data();
