@@ -32,6 +32,10 @@ class RoomWait {
       cv_.notify_one();
     }
   }
+  // What a wait, and the owner's own calls, return once close() was called.
+  static Status stopped() {
+    return Status(Code::kFailedPrecondition, "the transfer engine is stopped");
+  }
   // Wakes every waiter; they, and every wait from now on, fail with stopped().
   void close() {
     closed_.store(true, std::memory_order_seq_cst);
@@ -44,8 +48,8 @@ class RoomWait {
 
   // Waits until take() returns true (kOk), the deadline passes (full();
   // epoch = no deadline) or close() (stopped()). take() runs under the lock.
-  template <typename Take, typename Full, typename Stopped>
-  Status wait(Clock::time_point deadline, Take&& take, Full&& full, Stopped&& stopped) {
+  template <typename Take, typename Full>
+  Status wait(Clock::time_point deadline, Take&& take, Full&& full) {
     std::unique_lock lk(mu_);
     waiters_.fetch_add(1, std::memory_order_seq_cst);
     std::atomic_thread_fence(std::memory_order_seq_cst);

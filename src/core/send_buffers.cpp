@@ -32,16 +32,15 @@ void SendBuffers::push(uint32_t i) {
 }
 
 Status SendBuffers::acquire(Clock::time_point deadline, bool wait, uint32_t* out) {
-  auto stopped = [] { return Status(Code::kFailedPrecondition, "the transfer engine is stopped"); };
   auto none = [] {
     return Status(Code::kResourceExhausted,
                   "submit_send: every send buffer is in flight (EngineConfig::send_buffer_count)");
   };
-  if (room_.closed()) return stopped();
+  if (room_.closed()) return RoomWait::stopped();
   if (try_pop(out)) return {};
   if (!wait) return none();
   return room_.wait(
-      deadline, [&] { return try_pop(out); }, none, stopped);
+      deadline, [&] { return try_pop(out); }, none);
 }
 
 }  // namespace ferry::core

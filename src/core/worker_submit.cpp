@@ -42,8 +42,7 @@ Status Worker::admit(Clock::time_point deadline) {
       if (admitted_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) return true;
     }
   };
-  auto stopped = [] { return Status(Code::kFailedPrecondition, "the transfer engine is stopped"); };
-  if (room_.closed()) return stopped();
+  if (room_.closed()) return RoomWait::stopped();
   if (try_admit(limit)) return {};
   auto full = [&] {
     return Status(Code::kResourceExhausted,
@@ -65,7 +64,7 @@ Status Worker::admit(Clock::time_point deadline) {
   }
   if (shared_->config.queue_full == QueueFull::kRefuse) return full();
   return room_.wait(
-      deadline, [&] { return try_admit(limit); }, full, stopped);
+      deadline, [&] { return try_admit(limit); }, full);
 }
 
 void Worker::release_admission() {
