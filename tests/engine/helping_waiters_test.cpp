@@ -202,12 +202,12 @@ TEST(HelpingWaiters, TheStatisticsShowTheNappingWorkerAndTheWorkOthersDidForIt) 
   // A worker on shm naps for 20-320 µs at a time and may be between naps when
   // the statistics are taken: take them until one shows it asleep.
   WakeStats before;
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  for (;;) {
-    before = e.stats().wake;
-    if (before.asleep >= 1 || std::chrono::steady_clock::now() > deadline) break;
-    std::this_thread::yield();
-  }
+  test::wait_until(
+      [&] {
+        before = e.stats().wake;
+        return before.asleep >= 1;
+      },
+      10s);
   EXPECT_GE(before.asleep, 1) << "the statistics never showed the worker asleep";
   EXPECT_GE(before.naps, 1u);
   constexpr uint64_t kRounds = 200;
