@@ -7,22 +7,33 @@
 #include <memory>
 
 #include "core/log.h"
+#include "engine/cuda_order.h"
 #include "topo/topology.h"
 
 namespace ferry::engine {
 
 namespace {
 
-// The machine's topology, read once per process; nullptr when sysfs is
-// unreadable (containers), in which case nothing is pinned by default.
+// The machine's topology, read once per process, its GPUs numbered as CUDA
+// numbers them here; nullptr when sysfs is unreadable (containers), in which
+// case nothing is pinned by default.
 const topo::Topology* machine_topology() {
   static const std::unique_ptr<topo::Topology> topo = []() -> std::unique_ptr<topo::Topology> {
+    std::unique_ptr<topo::Topology> t;
     try {
-      return std::make_unique<topo::Topology>(topo::detect());
+      t = std::make_unique<topo::Topology>(topo::detect());
     } catch (const std::exception& e) {
       core::log().warn("topology detection failed: {}; workers are not pinned", e.what());
       return nullptr;
     }
+    const CudaOrderApplied applied = apply_cuda_order(*t);
+    if (!applied.note.empty())
+      core::log().warn("GPU numbering: {}{}", applied.note,
+                       applied.source.empty() ? "; GPUs keep their PCI order" : "");
+    else if (!applied.source.empty())
+      core::log().debug("GPU numbering from the CUDA {}: {} of {} GPUs visible", applied.source,
+                        t->visible_gpu_count(), t->gpus.size());
+    return t;
   }();
   return topo.get();
 }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/cuda_order.h"
 #include "engine/provider_select.h"
 #include "ferry/info.h"
 #include "ferry/status.h"
@@ -494,6 +495,10 @@ int main(int argc, char** argv) {
     std::cerr << "ferry-info: " << e.what() << "\n";
     return 1;
   }
+  // GPUs as this process's CUDA numbers them (CUDA_VISIBLE_DEVICES), as an
+  // engine started here would see them.
+  const auto applied = ferry::engine::apply_cuda_order(topo, root);
+  if (!applied.note.empty()) std::cerr << "ferry-info: GPU numbering: " << applied.note << "\n";
   std::vector<ProviderProbe> probes;
   if (!no_fabric) {
     for (const auto& p : providers) probes.push_back(probe(p));
