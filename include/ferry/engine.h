@@ -49,8 +49,10 @@ enum class CallbackOn : uint8_t { kCallbackThread, kWorker };
 struct GroupConfig {
   Device device = Device::host();
   // NIC names: libfabric domain names (efa: "rdmap16s27-rdm"; tcp: an
-  // interface name such as "lo" or "veth0"; shm: "shm"). Empty = first
-  // `nics` domains the provider reports.
+  // interface name such as "lo" or "veth0"; shm: "shm"). Empty = for a GPU
+  // group on "efa" or "verbs", the `nics` NICs the topology puts closest to
+  // its GPU (docs/TOPOLOGY.md); otherwise the first `nics` domains the
+  // provider reports.
   std::vector<std::string> nic_names;
   // CPU the worker pins itself to. -1 = every CPU of the NUMA node the
   // group's devices hang off (from the topology), so its memory is node-local.

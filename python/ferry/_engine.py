@@ -57,7 +57,13 @@ _ferry._set_callback_error_hook(_report_callback_error)
 
 
 class Group:
-    """One worker thread and its NICs, serving one device (advanced; see TransferEngine)."""
+    """One worker thread and its NICs, serving one device (advanced; see TransferEngine).
+
+    nics=None: for a GPU group ("cuda:N") on provider "efa" or "verbs", the
+    nics_per_group NICs the machine's topology puts closest to that GPU (as CUDA
+    numbers it in this process, CUDA_VISIBLE_DEVICES included); otherwise the
+    provider's first domains.
+    """
 
     def __init__(self, device: str = "cpu", nics: Optional[Sequence[str]] = None, worker_cpu: int = -1):
         self.device = device

@@ -2,6 +2,7 @@
 // stop, identity, memory registration and mapping, immediates, observability.
 // The submissions are in engine_submit.cpp, the shared state in engine_impl.h.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <random>
 
@@ -85,8 +86,16 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   const auto start_workers = [&](const std::string& provider) -> Status {
     im.shared.config.provider = provider;
     for (size_t g = 0; g < config.groups.size(); ++g) {
-      auto w = std::make_unique<core::Worker>(&im.shared, g, config.groups[g],
-                                              engine::default_affinity(config.groups[g]));
+      // A GPU group that names no NICs gets those closest to its GPU, not
+      // the provider's first ones (every GPU on NIC 0).
+      GroupConfig group = config.groups[g];
+      if (auto near = engine::default_nics(group, provider, config.nics_per_group); !near.empty()) {
+        core::log().info("group {} ({}): NICs {} from the topology", g, group.device.to_string(),
+                         fmt::join(near, ", "));
+        group.nic_names = std::move(near);
+      }
+      auto w =
+          std::make_unique<core::Worker>(&im.shared, g, group, engine::default_affinity(group));
       Status st = w->start();
       if (!st.is_ok()) {
         for (auto& started : im.workers) started->stop();

@@ -102,6 +102,28 @@ std::vector<int> default_affinity(const GroupConfig& g) {
   return node == t->numa_nodes.end() ? std::vector<int>{} : node->second.cpus;
 }
 
+std::vector<std::string> topology_nics(const topo::Topology& t, const Device& device,
+                                       const std::string& provider, size_t count) {
+  if (device.is_host() || count == 0) return {};
+  const bool efa = provider == "efa";
+  const bool verbs = provider == "verbs" || provider.starts_with("verbs;");
+  if (!(efa && t.fabric_kind == topo::NicKind::kEfa) &&
+      !(verbs && t.fabric_kind == topo::NicKind::kVerbs))
+    return {};
+  const topo::TopologyGroup* tg = t.group(device.ordinal);
+  if (tg == nullptr || tg->nics.size() < count) return {};
+  std::vector<std::string> out;
+  for (size_t i = 0; i < count; ++i) out.push_back(domain_name(tg->nics[i]));
+  return out;
+}
+
+std::vector<std::string> default_nics(const GroupConfig& g, const std::string& provider,
+                                      size_t count) {
+  const topo::Topology* t = machine_topology();
+  if (!t || !g.nic_names.empty()) return {};
+  return topology_nics(*t, g.device, provider, count);
+}
+
 }  // namespace ferry::engine
 
 namespace ferry {

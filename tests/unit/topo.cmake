@@ -9,6 +9,7 @@ include(GoogleTest)
 add_executable(topo_test
   ${CMAKE_CURRENT_LIST_DIR}/topo_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/cuda_visible_test.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/placement_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/topo_fixtures.cpp)
 target_compile_options(topo_test PRIVATE ${FERRY_WARNINGS})
 target_include_directories(topo_test PRIVATE
