@@ -200,7 +200,8 @@ TEST_P(EngineTest, SendRecvRoundTripsManyMessagesInFlight) {
   EXPECT_EQ(peer.wait(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, EngineTest, ::testing::Values("tcp", "shm"),
+INSTANTIATE_TEST_SUITE_P(Providers, EngineTest,
+                         ::testing::ValuesIn(test::providers({"tcp", "shm"})),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -207,7 +207,8 @@ TEST_P(PeerFailureTest, DescriptorOfAPreviousIncarnationIsRejected) {
 
 INSTANTIATE_TEST_SUITE_P(Providers, PeerKillTest, ::testing::Values("tcp"),
                          [](const auto& info) { return info.param; });
-INSTANTIATE_TEST_SUITE_P(Providers, PeerFailureTest, ::testing::Values("tcp", "shm"),
+INSTANTIATE_TEST_SUITE_P(Providers, PeerFailureTest,
+                         ::testing::ValuesIn(test::providers({"tcp", "shm"})),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
