@@ -11,7 +11,7 @@ gtest_discover_tests(gpu_signal_unit_tests DISCOVERY_TIMEOUT 60 PROPERTIES LABEL
 
 if(FERRY_HAS_CUDA)
   # Kernels against the engine; each test reports SKIPPED where no GPU answers.
-  add_executable(cuda_tests cuda/gpu_signal_test.cu)
+  add_executable(cuda_tests cuda/gpu_signal_test.cu cuda/device_order_test.cpp)
   target_include_directories(cuda_tests PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(cuda_tests PRIVATE ferry_test_support GTest::gtest_main CUDA::cudart_static)
   gtest_discover_tests(cuda_tests DISCOVERY_TIMEOUT 60 PROPERTIES LABELS cuda TIMEOUT 120)
