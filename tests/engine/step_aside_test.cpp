@@ -55,9 +55,10 @@ struct Counts {
 
 // Both sides spin on counters: their workers step aside, the application
 // threads count the arrivals and post the answers themselves. Batches of
-// `batch` rounds until done() says so, at most 60 s.
+// `batch` rounds until done() says so, at most 60 s. Returns the rounds played.
 template <typename Done>
-void ping_pong(TransferEngine& a, TransferEngine& b, int batch, Done&& done) {
+uint64_t ping_pong(TransferEngine& a, TransferEngine& b, int batch, Done&& done) {
+  uint64_t rounds = 0;
   auto on_a = test::region(a, 4096), on_b = test::region(b, 4096);
   auto ping = b.imm_counter(40), pong = a.imm_counter(41);
   const auto give_up = std::chrono::steady_clock::now() + 60s;
@@ -77,10 +78,13 @@ void ping_pong(TransferEngine& a, TransferEngine& b, int batch, Done&& done) {
       if (!test::take_one_spinning(pong)) failed = true;
     }
     server.join();
-    ASSERT_FALSE(failed.load()) << "a round of the ping-pong did not complete";
+    EXPECT_FALSE(failed.load()) << "a round of the ping-pong did not complete";
+    if (failed.load()) return rounds;
+    rounds += uint64_t(batch);
   } while (!done() && std::chrono::steady_clock::now() < give_up);
   EXPECT_EQ(ping.value(), 0);
   EXPECT_EQ(pong.value(), 0);
+  return rounds;
 }
 
 class StepAside : public ::testing::TestWithParam<Param> {};
@@ -96,16 +100,21 @@ TEST_P(StepAside, SpinningWaitersDriveTheNicsAndPostTheirOwnAnswers) {
     return now.asides > before.asides && now.helped_polls > before.helped_polls &&
            now.inline_posts > before.inline_posts;
   };
-  ping_pong(a, b, 200, seen_all);
+  const uint64_t rounds = ping_pong(a, b, 200, seen_all);
   const Counts after = Counts::now();
   EXPECT_GE(after.asides - before.asides, 1u) << "no worker stepped aside";
   EXPECT_GE(after.helped_polls - before.helped_polls, 1u) << "no waiter polled";
   EXPECT_GE(after.inline_posts - before.inline_posts, 1u) << "no submitter posted itself";
-  // No worker blocks or naps and nobody writes an eventfd (a worker that
-  // stepped aside sleeps on its eventfd, written only when a helper leaves).
+  // No worker blocks or naps, and the answers do not travel by eventfd: a
+  // worker that stepped aside sleeps on its eventfd, written when a helper
+  // leaves, and otherwise only by a submitter that saw the worker asleep just
+  // as it came back (it read sleeping_, was preempted, then found the step
+  // aside over). A loaded CI run had two such writes; one per 50 rounds is
+  // far above that and far below one per round.
   EXPECT_EQ(after.blocks, before.blocks) << "a spinning worker blocked in poll(2)";
   EXPECT_EQ(after.naps, before.naps) << "a spinning worker napped";
-  EXPECT_EQ(after.notifies, before.notifies) << "an eventfd was written";
+  EXPECT_LE(after.notifies - before.notifies, rounds / 50)
+      << "eventfd writes in " << rounds << " rounds";
 }
 
 // Off, the spinning worker keeps its NICs: it posts and polls everything.
