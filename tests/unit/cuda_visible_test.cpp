@@ -5,16 +5,17 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <optional>
 #include <string>
 
 #include "engine/cuda_order.h"
+#include "support/scoped_env.h"
 #include "topo_fixtures.h"
 
 namespace ferry::topo {
 namespace {
 
+using ferry::test::ScopedEnv;
 using testing::TempDir;
 
 class CudaVisible : public ::testing::Test {
@@ -120,26 +121,6 @@ TEST_F(CudaVisible, MixedModelsNeedPciBusIdOrderForIndices) {
 // The engine's step: this test process has not loaded the CUDA driver, so the
 // environment decides, and CUDA device 0 gets the NICs and cores of the GPU
 // the list names first.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 TEST_F(CudaVisible, TheEngineNumbersGroupsAsCudaDoes) {
   const std::string nic5 = topo_.group(5)->nics.at(0).name;
   const std::vector<int> cpus5 = topo_.group(5)->cpus;

@@ -14,6 +14,7 @@ add_executable(topo_test
 target_compile_options(topo_test PRIVATE ${FERRY_WARNINGS})
 target_include_directories(topo_test PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}            # topo_fixtures.h
-  ${CMAKE_CURRENT_LIST_DIR}/../../src) # topo/topology.h (internal header)
+  ${CMAKE_CURRENT_LIST_DIR}/../../src  # topo/topology.h (internal header)
+  ${CMAKE_CURRENT_LIST_DIR}/..)        # support/scoped_env.h
 target_link_libraries(topo_test PRIVATE ferry::ferry GTest::gtest_main)
 gtest_discover_tests(topo_test DISCOVERY_TIMEOUT 60 PROPERTIES LABELS unit)

@@ -16,7 +16,8 @@ add_executable(verbs_tests
   ${CMAKE_CURRENT_LIST_DIR}/verbs_notify_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/verbs_auto_provider_test.cpp)
 target_compile_options(verbs_tests PRIVATE ${FERRY_WARNINGS})
-target_include_directories(verbs_tests PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_include_directories(verbs_tests PRIVATE ${PROJECT_SOURCE_DIR}/src
+  ${CMAKE_CURRENT_LIST_DIR}/..)  # support/scoped_env.h
 # The hardware test calls ibv_get_device_list itself.
 target_link_libraries(verbs_tests PRIVATE ferry::ferry GTest::gtest_main fmt::fmt spdlog::spdlog ${IBVERBS})
 gtest_discover_tests(verbs_tests DISCOVERY_TIMEOUT 60 PROPERTIES LABELS unit)

@@ -2,7 +2,6 @@
 // RDMA devices on a fixture tree, and the engine's use of it on this host.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -11,6 +10,7 @@
 
 #include "engine/provider_select.h"
 #include "ferry/engine.h"
+#include "support/scoped_env.h"
 #include "verbs/verbs_devinfo.h"
 
 namespace ferry::verbs {
@@ -381,29 +381,7 @@ TEST(VerbsAutoProvider, DescribesDevicesFromSysfs) {
   fs::remove_all(root);
 }
 
-// Sets or clears an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value != nullptr) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using test::ScopedEnv;
 
 EngineConfig shm_groups() {
   EngineConfig c;
