@@ -1,8 +1,8 @@
 #include "cuda/device_order.h"
 
-#include <dlfcn.h>
-
 #include <fmt/format.h>
+
+#include "cuda/driver_symbol.h"
 
 namespace ferry::cuda {
 namespace {
@@ -18,17 +18,13 @@ using GetBusId = int (*)(char*, int, int);
 }  // namespace
 
 std::optional<std::vector<std::string>> driver_pci_bus_ids(std::string* why) {
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (lib == nullptr) {
-    *why = "the CUDA driver is not loaded in this process";
-    return std::nullopt;
-  }
-  auto count_fn = reinterpret_cast<GetCount>(dlsym(lib, "cuDeviceGetCount"));
-  auto device_fn = reinterpret_cast<GetDevice>(dlsym(lib, "cuDeviceGet"));
-  auto bus_fn = reinterpret_cast<GetBusId>(dlsym(lib, "cuDeviceGetPCIBusId"));
-  dlclose(lib);  // still loaded by whoever loaded it first
+  auto count_fn = reinterpret_cast<GetCount>(loaded_driver_symbol("cuDeviceGetCount"));
+  auto device_fn = reinterpret_cast<GetDevice>(loaded_driver_symbol("cuDeviceGet"));
+  auto bus_fn = reinterpret_cast<GetBusId>(loaded_driver_symbol("cuDeviceGetPCIBusId"));
   if (count_fn == nullptr || device_fn == nullptr || bus_fn == nullptr) {
-    *why = "the CUDA driver lacks cuDeviceGetCount, cuDeviceGet or cuDeviceGetPCIBusId";
+    *why =
+        "the CUDA driver is not loaded in this process (or lacks cuDeviceGetCount, cuDeviceGet or "
+        "cuDeviceGetPCIBusId)";
     return std::nullopt;
   }
   int n = 0;

@@ -2,9 +2,9 @@
 // and not the runtime (cudaPointerGetAttributes would create a context).
 #include "cuda/pointer_info.h"
 
-#include <dlfcn.h>
-
 #include <fmt/format.h>
+
+#include "cuda/driver_symbol.h"
 
 namespace ferry::cuda {
 
@@ -23,13 +23,9 @@ constexpr int kErrNotInitialized = 3;    // CUDA_ERROR_NOT_INITIALIZED
 using GetAttrs = int (*)(unsigned, int*, void**, unsigned long long);
 
 GetAttrs get_attrs() {
-  // RTLD_NOLOAD: if nothing in the process loaded the driver, no pointer can
-  // be device memory, and loading it here would be a side effect.
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (lib == nullptr) return nullptr;
-  auto f = reinterpret_cast<GetAttrs>(dlsym(lib, "cuPointerGetAttributes"));
-  dlclose(lib);  // still loaded by whoever loaded it first
-  return f;
+  // If nothing in the process loaded the driver, no pointer can be device
+  // memory, and loading it here would be a side effect.
+  return reinterpret_cast<GetAttrs>(loaded_driver_symbol("cuPointerGetAttributes"));
 }
 
 }  // namespace

@@ -1,6 +1,5 @@
 // verbs Domain memory registration: host memory through ibv_reg_mr, GPU
 // memory as a dma-buf when the CUDA driver can export one.
-#include <dlfcn.h>
 #include <infiniband/verbs.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 
 #include "core/log.h"
 #include "core/unique_fd.h"
+#include "cuda/driver_symbol.h"
 #include "verbs/verbs_domain_impl.h"
 
 namespace ferry::verbs {
@@ -30,12 +30,8 @@ UniqueFd cuda_dmabuf_fd(void* ptr, size_t len, uint64_t* offset, std::string* wh
   //                                        CUmemRangeHandleType, unsigned long long)
   using Fn = int (*)(void*, unsigned long long, size_t, int, unsigned long long);
   constexpr int kDmaBufFd = 1;  // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
-  static Fn fn = [] {
-    // RTLD_NOLOAD: a process that registers CUDA memory has libcuda loaded.
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    return lib != nullptr ? reinterpret_cast<Fn>(dlsym(lib, "cuMemGetHandleForAddressRange"))
-                          : nullptr;
-  }();
+  // Only a loaded driver: a process that registers CUDA memory has it.
+  static Fn fn = reinterpret_cast<Fn>(cuda::loaded_driver_symbol("cuMemGetHandleForAddressRange"));
   if (fn == nullptr) {
     *why = "libcuda.so.1 not loaded or without cuMemGetHandleForAddressRange";
     return UniqueFd();
