@@ -312,8 +312,7 @@ void Worker::await_reply() {
     --skip_windows_;
     return;
   }
-  for (auto& nic : nics_)
-    if (!nic.pending.empty()) return;  // posts to make: no time to watch
+  if (posts_queued()) return;  // posts to make: no time to watch
   auto& wc = wake_counters();
   wc.reply_windows.add();
   // The window starts at the first clock read, eight polls in: a reply that

@@ -259,14 +259,16 @@ class Worker final : public OpHost {
   // After post_inline: nothing it left needs the worker before its nap ends.
   bool nothing_for_worker();
   void handle(Command& cmd);
+  // Whether a NIC's queue holds posts it refused for now.
+  bool posts_queued() const {
+    for (const Nic& nic : nics_)
+      if (!nic.pending.empty()) return true;
+    return false;
+  }
   // Posts what the NICs' queues hold; first one look whether any holds
   // anything, which is cheaper than the call that posts (a helper's poll and a
   // direct post both come here, nearly always with nothing queued).
-  bool progress_posts() {
-    for (const Nic& nic : nics_)
-      if (!nic.pending.empty()) return progress_queued_posts();
-    return false;
-  }
+  bool progress_posts() { return posts_queued() && progress_queued_posts(); }
   bool progress_queued_posts();
   bool poll_completions();
   // Blocks (or naps) until a submission, a completion or the next deadline;

@@ -141,10 +141,8 @@ bool Worker::nothing_for_worker() {
   // Under loop_mu_. A slot's OnDone would wait for the end of the nap, and so
   // would a submitter waiting for room, a post the NIC refused or a deferred
   // re-post; a slotless post's completion only gives back a credit.
-  if (active_ != 0 || reposts_n_ != 0 || has_commands() || room_.waiting() != 0) return false;
-  for (auto& nic : nics_)
-    if (!nic.pending.empty()) return false;
-  return true;
+  return active_ == 0 && reposts_n_ == 0 && !has_commands() && room_.waiting() == 0 &&
+         !posts_queued();
 }
 
 bool Worker::may_post_direct() const {
