@@ -1,6 +1,8 @@
 #include "engine/cuda_order.h"
 
 #include <exception>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "cuda/device_order.h"
@@ -24,8 +26,12 @@ CudaOrderApplied apply_cuda_order(topo::Topology& topo, const std::filesystem::p
     }
     out.source = "driver";
   } else {
-    topo::CudaOrder env =
-        topo::cuda_order_from_env(topo, topo::CudaEnv::of_process(), topo::read_gpu_uuids(root));
+    // The driver's GPU list is read only for a list that may name UUIDs.
+    const topo::CudaEnv cuda_env = topo::CudaEnv::of_process();
+    topo::CudaOrder env = topo::cuda_order_from_env(topo, cuda_env,
+                                                    cuda_env.visible_devices
+                                                        ? topo::read_gpu_uuids(root)
+                                                        : std::map<topo::PciAddr, std::string>{});
     out.note = std::move(env.note);
     if (!env.order) return out;
     order = std::move(*env.order);

@@ -44,12 +44,14 @@ std::optional<PciAddr> by_uuid(std::string_view entry,
   return found;
 }
 
-// Could name a GPU by UUID: hex digits and dashes, "GPU-" before them or not.
+// Could name a GPU by UUID: a hex digit, then hex digits and dashes, "GPU-"
+// before them or not.
 bool uuid_like(std::string_view entry) {
   if (iequal_prefix("GPU-", entry)) entry.remove_prefix(4);
-  return !entry.empty() && std::all_of(entry.begin(), entry.end(), [](char c) {
-    return std::isxdigit(static_cast<unsigned char>(c)) != 0 || c == '-';
-  });
+  return !entry.empty() && std::isxdigit(static_cast<unsigned char>(entry.front())) != 0 &&
+         std::all_of(entry.begin(), entry.end(), [](char c) {
+           return std::isxdigit(static_cast<unsigned char>(c)) != 0 || c == '-';
+         });
 }
 
 std::vector<std::string_view> split(std::string_view s, char sep) {
@@ -117,7 +119,7 @@ CudaOrder cuda_order_from_env(const Topology& topo, const CudaEnv& e,
     } else if (iequal_prefix("MIG-", entry)) {
       out.note = "CUDA_VISIBLE_DEVICES names a MIG instance: not mapped to a GPU here";
       return out;
-    } else if (uuid_like(entry) && entry.front() != '-') {
+    } else if (uuid_like(entry)) {
       if (uuids.empty()) {
         out.note =
             "CUDA_VISIBLE_DEVICES names GPUs by UUID and the driver's GPU list "
