@@ -10,7 +10,8 @@
 #   BIN_<name>    folder of each, holding ferry-bench, self_imm_bench, ferry-idle
 #   ROUNDS        rounds of the alternation (default 2)
 #   THROUGHPUT    the throughput points (default "single,paged"), run THROUGHPUT_ROUNDS
-#                 times per build (default 1), the order rotating as above
+#                 times per build (default 1), the order rotating as above; "none" skips them
+#   HOPS          0: no hops section
 # Output: $OUT/crossing.txt, $OUT/hops.txt, $OUT/summary.txt; libspdlog, libfmt, libnuma from .gpu-carry/lib.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     done
   done
 done
+[ "${THROUGHPUT:-}" = none ] && THROUGHPUT_ROUNDS=0
 for r in $(seq 1 "${THROUGHPUT_ROUNDS:-1}"); do
   for v in $(rotation "$r"); do
     b=$(bin_of "$v")
@@ -60,6 +62,8 @@ for v in "${builds[@]}"; do
   done
 done
 # Where the last build's round trip goes, hop by hop: lent_host_ab.sh's hops
-# section, into $OUT/hops.txt.
-SECTIONS=hops BIN=$(bin_of "${builds[$((n - 1))]}") bash scripts/lent_host_ab.sh
+# section, into $OUT/hops.txt (HOPS=0 leaves it out).
+if [ "${HOPS:-1}" != 0 ]; then
+  SECTIONS=hops BIN=$(bin_of "${builds[$((n - 1))]}") bash scripts/lent_host_ab.sh
+fi
 date -u >> "$f"

@@ -47,6 +47,13 @@ struct DomainInfo {
   // the worker idles (EngineConfig::spin_before_block). NVLink's CUDA calls
   // need the worker's device context, so it stays on its worker.
   bool any_thread = false;
+  // A zero-byte write with an immediate is done when its post returns: the
+  // worker may ask for it with WriteDesc::at_post and then expects no local
+  // completion for it (shm delivers it into the peer's queue at the post).
+  bool imm_at_post = false;
+  // Sends of at most this many bytes may go through post_send_at_post: done
+  // when the call returns, the payload copied out, no completion.
+  uint64_t send_at_post_max = 0;
 };
 
 // A registration on one NIC. Destroying it deregisters.
@@ -68,6 +75,9 @@ struct WriteDesc {
   uint64_t rkey = 0;
   uint32_t imm = 0;
   bool has_imm = false;
+  // Only for a zero-byte write with an immediate on a domain with
+  // DomainInfo::imm_at_post: post it with no local completion (ctx unused).
+  bool at_post = false;
   uint64_t ctx = 0;
 };
 
@@ -180,6 +190,13 @@ class Domain {
   }
   virtual PostResult post_send(PeerId peer, const void* buf, size_t len, void* local_desc,
                                uint64_t ctx) = 0;
+  // Only where len <= info().send_at_post_max; `buf` may be reused at return.
+  virtual PostResult post_send_at_post(PeerId peer, const void* buf, size_t len) {
+    (void)peer, (void)buf, (void)len;
+    PostResult r;
+    r.error = Status(Code::kUnimplemented, "this NIC posts no send without a completion");
+    return r;
+  }
   virtual PostResult post_recv(void* buf, size_t len, void* local_desc, uint64_t ctx) = 0;
 
   // Drain up to out.size() completions; returns how many were written.

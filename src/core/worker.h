@@ -314,6 +314,8 @@ class Worker final : public OpHost {
   bool post_fast(const Command& cmd);
   bool on_fast_done(uint64_t ctx, const Status& st, uint32_t count);
   void note_fast_finished(const FastPost& p, const Status& st);
+  void note_finished_ok(PeerId peer, int64_t submit_ns, uint64_t bytes);  // NIC 0
+  void finish_at_post(const Command& cmd, PeerId peer, bool send, uint64_t bytes);
   void check_fast_deadlines(Clock::time_point now);
   void cancel_fast_posts();
   void maybe_finish(uint32_t idx);

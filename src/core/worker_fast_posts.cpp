@@ -44,6 +44,13 @@ bool Worker::post_fast(const Command& cmd) {
   uint32_t buffer = FastPost::kNoBuffer;
   if (send) {
     const FastSend& f = cmd.fast.send;
+    if (f.len <= infos_[0].send_at_post_max) {
+      r = nic.domain->post_send_at_post(peer, send_pool->buffer(f.buffer), f.len);
+      if (r.posted != 1) return false;
+      send_free->release(f.buffer);
+      finish_at_post(cmd, peer, true, f.len);
+      return true;
+    }
     r = nic.domain->post_send(peer, send_pool->buffer(f.buffer), f.len,
                               send_pool->reg->local_desc[0], ctx);
     bytes = f.len;
@@ -61,7 +68,14 @@ bool Worker::post_fast(const Command& cmd) {
     w.peer = peer;
     w.remote_addr = f.base;
     w.rkey = f.rkey;
+    w.at_post = infos_[0].imm_at_post;
     r = nic.domain->post_writes(std::span<WriteDesc>(post_batch_).first(1));
+    if (w.at_post && r.posted == 1) {
+      w.at_post = false;
+      finish_at_post(cmd, peer, false, 0);
+      return true;
+    }
+    w.at_post = false;
   }
   if (r.posted != 1) return false;  // refused or full: the slot path retries or fails it
   // Field by field: built as a temporary, the record was copied out with wide
@@ -88,6 +102,21 @@ bool Worker::post_fast(const Command& cmd) {
   return true;
 }
 
+// Done at its post (DomainInfo::imm_at_post): no record, no credit taken; what
+// on_fast_done would count, counted now.
+void Worker::finish_at_post(const Command& cmd, PeerId peer, bool send, uint64_t bytes) {
+  note_picked_up(cmd.submit_ns);
+  if constexpr (kStatsEnabled) {
+    stats_.nic[0].writes_completed.add();
+    if (PeerCounters* p = stats_.peer(0, peer)) {
+      (send ? p->sends_posted : p->writes_posted).add();
+      p->bytes_posted.add(bytes);
+    }
+    note_finished_ok(peer, cmd.submit_ns, bytes);
+  }
+  release_admission();
+}
+
 bool Worker::on_fast_done(uint64_t ctx, const Status& st, uint32_t count) {
   const uint32_t idx = ctx_idx(ctx);
   if (idx >= kFastPosts) return false;
@@ -105,11 +134,18 @@ bool Worker::on_fast_done(uint64_t ctx, const Status& st, uint32_t count) {
 
 void Worker::note_fast_finished(const FastPost& p, const Status& st) {
   if constexpr (!kStatsEnabled) return;
+  if (st.is_ok()) return note_finished_ok(p.peer, p.submit_ns, p.bytes);
   note_outcome(st, p.submit_ns, p.submit_ns != 0 ? turn_ns() : 0);
-  if (st.is_ok()) stats_.nic[0].bytes_completed.add(p.bytes);
-  if (PeerCounters* c = stats_.peer(0, p.peer)) {
-    if (st.is_ok()) c->bytes_ok.add(p.bytes);
-    (st.is_ok() ? c->transfers_ok : c->transfers_failed).add();
+  if (PeerCounters* c = stats_.peer(0, p.peer)) c->transfers_failed.add();
+}
+
+void Worker::note_finished_ok(PeerId peer, int64_t submit_ns, uint64_t bytes) {
+  if constexpr (!kStatsEnabled) return;
+  note_outcome(Status(), submit_ns, submit_ns != 0 ? turn_ns() : 0);
+  stats_.nic[0].bytes_completed.add(bytes);
+  if (PeerCounters* c = stats_.peer(0, peer)) {
+    c->bytes_ok.add(bytes);
+    c->transfers_ok.add();
   }
 }
 

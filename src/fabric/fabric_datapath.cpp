@@ -149,6 +149,41 @@ bool FabricDomain::shm_peer_postable(ShmPeer& p, uint64_t len, const char* call,
   return true;
 }
 
+bool FabricDomain::begin_watched_post(ShmPeer* sp, Clock::time_point now) noexcept {
+  if (sp == nullptr || sp->lock == nullptr) return false;
+  posting_peer_.store(sp, std::memory_order_relaxed);
+  posting_since_ns_.store(ns_of(now), std::memory_order_release);
+  return true;
+}
+
+void FabricDomain::end_watched_post(bool watched) noexcept {
+  if (watched) posting_since_ns_.store(0, std::memory_order_release);
+}
+
+void FabricDomain::note_shm_post(ShmPeer* sp, ssize_t ret) {
+  if (sp == nullptr) return;
+  if (ret == -FI_EAGAIN && ++sp->eagain_streak >= kEagainStreak) {
+    sp->eagain_streak = 0;
+    check_shm_peer(*sp, Clock::now(), kBusyPeriod);
+  } else if (ret != -FI_EAGAIN) {
+    sp->eagain_streak = 0;
+  }
+}
+
+// An injected write has no local completion and so no operation context: it
+// is done when the call returns, and shm reports no error for it later (a
+// dead peer is caught by the liveness check before the post).
+bool FabricDomain::post_imm_at_post(const core::WriteDesc& w, ShmPeer* sp, Clock::time_point now,
+                                    Status* error) {
+  const bool watched = begin_watched_post(sp, now);
+  const ssize_t ret = fi_inject_writedata(ep_, nullptr, 0, w.imm, w.peer, w.remote_addr, w.rkey);
+  end_watched_post(watched);
+  note_shm_post(sp, ret);
+  if (ret == 0) return true;
+  if (ret != -FI_EAGAIN) *error = post_error("fi_inject_writedata", ret);
+  return false;
+}
+
 core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writes) {
   core::PostResult result;
   for (const core::WriteDesc& w : writes) {
@@ -157,6 +192,11 @@ core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writ
     if (sp != nullptr && !shm_peer_postable(*sp, w.len, "fi_writemsg to", &result.error, &now))
       break;
     if (dead_socket_peers_ > 0 && peer_dead(w.peer, "fi_writemsg to", &result.error)) break;
+    if (w.at_post) {
+      if (!post_imm_at_post(w, sp, now, &result.error)) break;
+      ++result.posted;
+      continue;
+    }
     OpEntry* op = pool_->acquire(OpKind::kWrite, w.ctx);
     if (op == nullptr) break;  // every context in flight: back-pressure
     op->peer = w.peer;
@@ -184,11 +224,7 @@ core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writ
     msg_.desc = no_iov ? nullptr : desc_;
     msg_.iov_count = no_iov ? 0 : 1;
 
-    const bool watched = sp != nullptr && sp->lock != nullptr;
-    if (watched) {
-      posting_peer_.store(sp, std::memory_order_relaxed);
-      posting_since_ns_.store(ns_of(now), std::memory_order_release);
-    }
+    const bool watched = begin_watched_post(sp, now);
     ssize_t ret = fi_writemsg(ep_, &msg_, flags);
     if (ret == -FI_EINVAL && no_iov) {
       // Remember the provider's preference and retry with an empty iovec.
@@ -199,16 +235,8 @@ core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writ
       msg_.iov_count = 1;
       ret = fi_writemsg(ep_, &msg_, flags);
     }
-    if (watched) posting_since_ns_.store(0, std::memory_order_release);
-    if (sp != nullptr) {
-      // A post that blocks again and again may be waiting for a dead peer.
-      if (ret == -FI_EAGAIN && ++sp->eagain_streak >= kEagainStreak) {
-        sp->eagain_streak = 0;
-        check_shm_peer(*sp, Clock::now(), kBusyPeriod);
-      } else if (ret != -FI_EAGAIN) {
-        sp->eagain_streak = 0;
-      }
-    }
+    end_watched_post(watched);
+    note_shm_post(sp, ret);
     if (socket_probe_) note_socket_post(w.peer, ret);
     if (ret == 0) {
       ++result.posted;
@@ -234,13 +262,10 @@ core::PostResult FabricDomain::post_send(core::PeerId peer, const void* buf, siz
   OpEntry* op = pool_->acquire(OpKind::kSend, ctx);
   if (op == nullptr) return result;
   op->peer = peer;
-  const bool watched = sp != nullptr && sp->lock != nullptr;
-  if (watched) {
-    posting_peer_.store(sp, std::memory_order_relaxed);
-    posting_since_ns_.store(ns_of(now), std::memory_order_release);
-  }
+  const bool watched = begin_watched_post(sp, now);
   const ssize_t ret = fi_send(ep_, buf, len, local_desc, peer, op);
-  if (watched) posting_since_ns_.store(0, std::memory_order_release);
+  end_watched_post(watched);
+  note_shm_post(sp, ret);
   if (socket_probe_) note_socket_post(peer, ret);
   if (ret == 0) {
     result.posted = 1;
@@ -249,6 +274,25 @@ core::PostResult FabricDomain::post_send(core::PeerId peer, const void* buf, siz
   }
   pool_->release(op);
   if (ret != -FI_EAGAIN) result.error = post_error("fi_send", ret);
+  return result;
+}
+
+core::PostResult FabricDomain::post_send_at_post(core::PeerId peer, const void* buf, size_t len) {
+  core::PostResult result;
+  ShmPeer* sp = shm_peer(peer);
+  Clock::time_point now{};
+  if (sp != nullptr && !shm_peer_postable(*sp, len, "fi_inject to", &result.error, &now))
+    return result;
+  if (dead_socket_peers_ > 0 && peer_dead(peer, "fi_inject to", &result.error)) return result;
+  const bool watched = begin_watched_post(sp, now);
+  const ssize_t ret = fi_inject(ep_, buf, len, peer);
+  end_watched_post(watched);
+  note_shm_post(sp, ret);
+  if (ret == 0) {
+    result.posted = 1;
+  } else if (ret != -FI_EAGAIN) {
+    result.error = post_error("fi_inject", ret);
+  }
   return result;
 }
 

@@ -267,6 +267,10 @@ std::unique_ptr<core::Domain> FabricDomain::open(const core::DomainOptions& opti
   d->info_.any_thread = true;
   d->rxm_ = d->info_.provider.find("ofi_rxm") != std::string::npos;
   d->shm_ = d->info_.provider == "shm";
+  // shm hands an immediate to the peer's queue inside the post; tcp;ofi_rxm
+  // and the RDMA providers may still fail it later, which needs a context.
+  d->info_.imm_at_post = d->shm_;
+  if (d->shm_ && info->tx_attr != nullptr) d->info_.send_at_post_max = info->tx_attr->inject_size;
   d->socket_probe_ = d->info_.provider.starts_with("tcp") && ConnectProbe::is_inet(d->address_);
   if (d->shm_) {
     ShmParking::instance().opened();  // closes through it (close_all)

@@ -220,6 +220,7 @@ class FabricDomain final : public core::Domain {
   void remove_peer(core::PeerId peer) override;
 
   core::PostResult post_writes(std::span<const core::WriteDesc> writes) override;
+  core::PostResult post_send_at_post(core::PeerId peer, const void* buf, size_t len) override;
   core::PostResult post_send(core::PeerId peer, const void* buf, size_t len, void* local_desc,
                              uint64_t ctx) override;
   core::PostResult post_recv(void* buf, size_t len, void* local_desc, uint64_t ctx) override;
@@ -265,6 +266,16 @@ class FabricDomain final : public core::Domain {
   bool shm_peer_postable(ShmPeer& p, uint64_t len, const char* call, Status* error,
                          Clock::time_point* when);
   Status dead_peer_status(const ShmPeer& p, const char* what) const;
+  // Around a provider call that may spin on sp's region lock: makes the call
+  // visible to the rescuer; returns whether it did (end_watched_post's input).
+  bool begin_watched_post(ShmPeer* sp, Clock::time_point now) noexcept;
+  void end_watched_post(bool watched) noexcept;
+  // After a post to sp returned `ret`: a post that blocks again and again may
+  // be waiting for a dead peer, so it is looked at.
+  void note_shm_post(ShmPeer* sp, ssize_t ret);
+  // A zero-byte write with an immediate, with no local completion (imm_at_post).
+  bool post_imm_at_post(const core::WriteDesc& w, ShmPeer* sp, Clock::time_point now,
+                        Status* error);
 
   // --- tcp peers (see SocketPeer; socket_peers.cpp)
   void track_socket_peer(fi_addr_t addr, std::span<const uint8_t> raw);

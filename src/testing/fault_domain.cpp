@@ -144,6 +144,9 @@ FaultDomain::FaultDomain(std::unique_ptr<core::Domain> inner, const FaultSpec& s
       rng_(spec.seed ^ nic_index) {
   info_ = inner_->info();
   if (spec.paged) info_.native_paged = true;
+  // Every write here has a completion to delay, reorder or fail.
+  info_.imm_at_post = false;
+  info_.send_at_post_max = 0;
   held_.reserve(1024);
   ready_.reserve(1024);
   backlog_.reserve(256);

@@ -99,6 +99,12 @@ TEST_P(SubmitForms, FastImmediatesGiveTheirAdmissionBack) {
     ASSERT_TRUE(test::wait_until([&] { return a.stats().transfers_ok() == uint64_t(i + 1); }, 20s))
         << "immediate " << i << " never ended";
   }
+  // Counted once each, whether the NIC reports a completion (tcp) or the
+  // immediate is done at its post (shm).
+  const EngineStats s = a.stats();
+  EXPECT_EQ(s.writes_posted(), 2000u);
+  EXPECT_EQ(s.writes_completed(), 2000u);
+  EXPECT_EQ(s.transfers_failed(), 0u);
 }
 
 // Queued one-line immediates at stop give their admission back too, and
@@ -208,7 +214,9 @@ TEST_P(SubmitForms, InlineReceiveCallbackThatThrowsKeepsItsBuffer) {
 
 // A send from a receive callback on the worker never waits for a send buffer
 // (the worker is what frees them): with every buffer taken it throws
-// kResourceExhausted at once, even with QueueFull::kBlock.
+// kResourceExhausted at once, even with QueueFull::kBlock. The replies are
+// larger than a NIC copies out at the post (shm: 4 KiB), so each holds its
+// buffer until its completion.
 TEST_P(SubmitForms, SendFromInlineReceiveRefusesWhenNoBufferIsFree) {
   EngineConfig c = test::config_for(GetParam());
   c.send_buffer_count = 3;
@@ -217,7 +225,8 @@ TEST_P(SubmitForms, SendFromInlineReceiveRefusesWhenNoBufferIsFree) {
   const NetAddr a_addr = a.main_address();
   std::atomic<uint64_t> replies{0}, code{0}, sent_before{0};
   std::atomic<bool> returned{false};
-  a.submit_recvs(16, 8, [&](std::span<const uint8_t>) { replies.fetch_add(1); });
+  constexpr size_t kReply = 16 << 10;
+  a.submit_recvs(kReply, 8, [&](std::span<const uint8_t>) { replies.fetch_add(1); });
   b.submit_recvs(
       16, 2,
       [&](std::span<const uint8_t>) {
@@ -225,7 +234,7 @@ TEST_P(SubmitForms, SendFromInlineReceiveRefusesWhenNoBufferIsFree) {
         // (Worker::answering_inline), but their completions, which give the
         // buffers back, are this worker's to process. So the replies may
         // arrive while the callback still runs.
-        const uint8_t reply[4] = {1, 2, 3, 4};
+        static const std::vector<uint8_t> reply(kReply, 7);
         uint64_t n = 0;
         try {
           for (; n < 4; ++n) b.submit_send(a_addr, reply, OnDone::none());

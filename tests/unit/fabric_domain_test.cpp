@@ -194,6 +194,50 @@ TEST_P(FabricDomainTest, ZeroLengthImmediateWrite) {
   EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](uint8_t v) { return v == 0; }));
 }
 
+// shm hands an immediate to the peer inside the post: at_post writes arrive,
+// every one of them, and leave no local completion behind.
+TEST_P(FabricDomainTest, ImmediatesAtPostArriveWithoutLocalCompletions) {
+  const bool at_post = a_.domain->info().imm_at_post;
+  EXPECT_EQ(at_post, GetParam().provider == "shm");
+  if (!at_post) GTEST_SKIP() << GetParam().provider << " keeps a completion per write";
+  std::vector<uint8_t> src(64, 1), dst(64, 0);
+  DomainMr* smr = reg(a_, src.data(), src.size(), false);
+  DomainMr* dmr = reg(b_, dst.data(), dst.size(), true);
+  ASSERT_TRUE(smr && dmr);
+  constexpr uint32_t kCount = 3000;  // more than the provider's queue holds
+  WriteDesc w;
+  w.src = src.data();
+  w.local_desc = smr->local_desc;
+  w.peer = b_on_a_;
+  w.remote_addr = dmr->remote_base;
+  w.rkey = dmr->rkey;
+  w.has_imm = true;
+  w.at_post = true;
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < kCount; ++i) {
+    w.imm = 100 + i;
+    sum += w.imm;
+    core::PostResult r = post_write(w);
+    ASSERT_TRUE(r.error.is_ok()) << r.error.message();
+    ASSERT_EQ(r.posted, 1u) << "immediate " << i;
+  }
+  uint64_t got = 0;
+  size_t arrived = 0;
+  ASSERT_TRUE(poll_until([&] {
+    for (; arrived < b_.done.size(); ++arrived) {
+      const Completion& c = b_.done[arrived];
+      EXPECT_EQ(c.kind, Completion::Kind::kRemoteImm);
+      EXPECT_TRUE(c.status.is_ok()) << c.status.message();
+      got += uint64_t(c.imm) * c.count;
+    }
+    return got >= sum;
+  }));
+  EXPECT_EQ(got, sum);
+  for (int i = 0; i < 100; ++i) poll_once();
+  EXPECT_TRUE(a_.done.empty()) << a_.done.size() << " completions on the writing side";
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](uint8_t v) { return v == 0; }));
+}
+
 TEST_P(FabricDomainTest, LargeWrite) {
   constexpr size_t kLen = 16 << 20;
   ASSERT_GE(a_.domain->info().max_msg_size, kLen);
@@ -274,6 +318,55 @@ TEST_P(FabricDomainTest, SendRecv) {
   ASSERT_TRUE(recvd->status.is_ok()) << recvd->status.message();
   EXPECT_EQ(recvd->len, kLen);
   EXPECT_TRUE(msg == rbuf);
+}
+
+// A send at post copies its payload out before it returns: the buffer is
+// overwritten at once, yet each message arrives as it was, and the sending
+// side sees no completion.
+TEST_P(FabricDomainTest, SendsAtPostCopyTheirPayloadAndLeaveNoCompletion) {
+  const uint64_t max = a_.domain->info().send_at_post_max;
+  if (GetParam().provider != "shm") {
+    EXPECT_EQ(max, 0u);
+    GTEST_SKIP() << GetParam().provider << " keeps a completion per send";
+  }
+  ASSERT_GE(max, 1024u);
+  constexpr int kMsgs = 8;
+  const size_t len = max;
+  std::vector<uint8_t> msg(len), rbuf(len * kMsgs, 0);
+  DomainMr* rmr = reg(b_, rbuf.data(), rbuf.size(), false);
+  ASSERT_TRUE(rmr);
+  for (int i = 0; i < kMsgs; ++i) {
+    core::PostResult r = b_.domain->post_recv(rbuf.data() + i * len, len, rmr->local_desc, i);
+    ASSERT_EQ(r.posted, 1u) << r.error.message();
+  }
+  for (int i = 0; i < kMsgs; ++i) {
+    std::fill(msg.begin(), msg.end(), uint8_t(i + 1));
+    core::PostResult r;
+    const auto deadline = Clock::now() + kDeadline;
+    do {
+      r = a_.domain->post_send_at_post(b_on_a_, msg.data(), len);
+      ASSERT_TRUE(r.error.is_ok()) << r.error.message();
+      if (r.posted == 0) poll_once();
+    } while (r.posted == 0 && Clock::now() < deadline);
+    ASSERT_EQ(r.posted, 1u);
+    std::fill(msg.begin(), msg.end(), uint8_t(0xEE));
+  }
+  ASSERT_TRUE(poll_until([&] { return b_.done.size() >= size_t(kMsgs); }));
+  std::vector<int> seen(kMsgs, 0);
+  for (const Completion& c : b_.done) {
+    ASSERT_EQ(c.kind, Completion::Kind::kRecv);
+    ASSERT_TRUE(c.status.is_ok()) << c.status.message();
+    ASSERT_EQ(c.len, len);
+    const uint8_t* got = rbuf.data() + c.ctx * len;
+    const uint8_t value = got[0];
+    ASSERT_GE(value, 1);
+    ASSERT_LE(value, kMsgs);
+    ++seen[value - 1];
+    EXPECT_TRUE(std::all_of(got, got + len, [&](uint8_t v) { return v == value; }));
+  }
+  EXPECT_EQ(seen, std::vector<int>(kMsgs, 1));
+  for (int i = 0; i < 100; ++i) poll_once();
+  EXPECT_TRUE(a_.done.empty()) << a_.done.size() << " completions on the sending side";
 }
 
 // tcp;ofi_rxm and shm (1.17) complete writes at transmit: the target finds
