@@ -12,6 +12,7 @@
 #   THROUGHPUT    the throughput points (default "single,paged"), run THROUGHPUT_ROUNDS
 #                 times per build (default 1), the order rotating as above; "none" skips them
 #   HOPS          0: no hops section
+#   PROVIDERS     the latency points' providers (default "tcp;ofi_rxm shm")
 # Output: $OUT/crossing.txt, $OUT/hops.txt, $OUT/summary.txt; libspdlog, libfmt, libnuma from .gpu-carry/lib.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   wake=(); [ "$r" = 1 ] && wake=(--wake)
   for v in $(rotation "$r"); do
     b=$(bin_of "$v")
-    for p in "tcp;ofi_rxm" shm; do
+    for p in ${PROVIDERS:-"tcp;ofi_rxm" shm}; do
       echo "== round $r build $v $p busy, pinned" >> "$f"
       timeout 120 "$b/ferry-bench" --provider "$p" "${PIN[@]}" --only imm,sendrecv --seconds 0.4 \
         --repeat 3 "${wake[@]}" >> "$f" 2>&1 || echo "rc=$?" >> "$f"
