@@ -149,6 +149,13 @@ bool FabricDomain::shm_peer_postable(ShmPeer& p, uint64_t len, const char* call,
   return true;
 }
 
+bool FabricDomain::peer_postable(fi_addr_t peer, uint64_t len, const char* call, Status* error,
+                                 ShmPeer** sp, Clock::time_point* when) {
+  *sp = shm_peer(peer);
+  if (*sp != nullptr && !shm_peer_postable(**sp, len, call, error, when)) return false;
+  return dead_socket_peers_ == 0 || !peer_dead(peer, call, error);
+}
+
 bool FabricDomain::begin_watched_post(ShmPeer* sp, Clock::time_point now) noexcept {
   if (sp == nullptr || sp->lock == nullptr) return false;
   posting_peer_.store(sp, std::memory_order_relaxed);
@@ -187,11 +194,9 @@ bool FabricDomain::post_imm_at_post(const core::WriteDesc& w, ShmPeer* sp, Clock
 core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writes) {
   core::PostResult result;
   for (const core::WriteDesc& w : writes) {
-    ShmPeer* sp = shm_peer(w.peer);
+    ShmPeer* sp = nullptr;
     Clock::time_point now{};
-    if (sp != nullptr && !shm_peer_postable(*sp, w.len, "fi_writemsg to", &result.error, &now))
-      break;
-    if (dead_socket_peers_ > 0 && peer_dead(w.peer, "fi_writemsg to", &result.error)) break;
+    if (!peer_postable(w.peer, w.len, "fi_writemsg to", &result.error, &sp, &now)) break;
     if (w.at_post) {
       if (!post_imm_at_post(w, sp, now, &result.error)) break;
       ++result.posted;
@@ -254,11 +259,9 @@ core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writ
 core::PostResult FabricDomain::post_send(core::PeerId peer, const void* buf, size_t len,
                                          void* local_desc, uint64_t ctx) {
   core::PostResult result;
-  ShmPeer* sp = shm_peer(peer);
+  ShmPeer* sp = nullptr;
   Clock::time_point now{};
-  if (sp != nullptr && !shm_peer_postable(*sp, len, "fi_send to", &result.error, &now))
-    return result;
-  if (dead_socket_peers_ > 0 && peer_dead(peer, "fi_send to", &result.error)) return result;
+  if (!peer_postable(peer, len, "fi_send to", &result.error, &sp, &now)) return result;
   OpEntry* op = pool_->acquire(OpKind::kSend, ctx);
   if (op == nullptr) return result;
   op->peer = peer;
@@ -279,11 +282,9 @@ core::PostResult FabricDomain::post_send(core::PeerId peer, const void* buf, siz
 
 core::PostResult FabricDomain::post_send_at_post(core::PeerId peer, const void* buf, size_t len) {
   core::PostResult result;
-  ShmPeer* sp = shm_peer(peer);
+  ShmPeer* sp = nullptr;
   Clock::time_point now{};
-  if (sp != nullptr && !shm_peer_postable(*sp, len, "fi_inject to", &result.error, &now))
-    return result;
-  if (dead_socket_peers_ > 0 && peer_dead(peer, "fi_inject to", &result.error)) return result;
+  if (!peer_postable(peer, len, "fi_inject to", &result.error, &sp, &now)) return result;
   const bool watched = begin_watched_post(sp, now);
   const ssize_t ret = fi_inject(ep_, buf, len, peer);
   end_watched_post(watched);

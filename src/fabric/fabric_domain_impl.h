@@ -266,6 +266,11 @@ class FabricDomain final : public core::Domain {
   bool shm_peer_postable(ShmPeer& p, uint64_t len, const char* call, Status* error,
                          Clock::time_point* when);
   Status dead_peer_status(const ShmPeer& p, const char* what) const;
+  // Whether a post to `peer` may go to the provider now: an shm peer's
+  // shm_peer_postable, then any peer known dead (peer_dead). *sp gets the shm
+  // record (null for others), *when the time the shm look was made at.
+  bool peer_postable(fi_addr_t peer, uint64_t len, const char* call, Status* error, ShmPeer** sp,
+                     Clock::time_point* when);
   // Around a provider call that may spin on sp's region lock: makes the call
   // visible to the rescuer; returns whether it did (end_watched_post's input).
   bool begin_watched_post(ShmPeer* sp, Clock::time_point now) noexcept;
