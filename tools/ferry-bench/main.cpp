@@ -404,6 +404,9 @@ int main(int argc, char** argv) {
                "NIC thread owns the endpoint and the application thread hands it each write and "
                "waits for each arrival through shared memory (two thread crossings per half round "
                "trip, no engine); the server answers from its main thread, as for imm");
+  app.add_flag("--raw-inject", o.raw_inject,
+               "the raw immediate ping-pong's writes as fi_inject_writedata, with no local "
+               "completion, as the engine posts its one-line immediates on shm");
   app.add_option("--msg-size", o.msg_size, "send/recv ping-pong message bytes")
       ->check(CLI::Range(8, 64 << 10))
       ->capture_default_str();

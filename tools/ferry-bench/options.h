@@ -45,8 +45,9 @@ struct Options {
   bool verify = false;
   bool quick = false;
   bool no_raw = false;
-  bool wake = false;       // print each side's wake-up counts per point (stderr)
-  bool raw_relay = false;  // imm baseline through a NIC thread per side (raw_relay.h)
+  bool wake = false;        // print each side's wake-up counts per point (stderr)
+  bool raw_relay = false;   // imm baseline through a NIC thread per side (raw_relay.h)
+  bool raw_inject = false;  // the raw immediates as fi_inject_writedata (no local completion)
   std::string only = "single,paged,scatter,barrier,imm,sendrecv";
   double seconds = 0;  // 0 = 1.0, or 0.25 with --quick
   uint64_t iters = 0;
@@ -65,7 +66,11 @@ struct Options {
   // The baseline of every point: raw libfabric on the same provider, or
   // CUDA copies into the peer's region (nvlink), or none.
   const char* baseline() const {
-    return no_raw ? "none" : nvlink() ? "cuda" : raw_relay ? "raw-relay" : "raw";
+    return no_raw       ? "none"
+           : nvlink()   ? "cuda"
+           : raw_relay  ? "raw-relay"
+           : raw_inject ? "raw-inject"
+                        : "raw";
   }
   ferry::PollMode poll_mode() const {
     return poll == "busy" ? ferry::PollMode::kBusy : ferry::PollMode::kAdaptive;

@@ -168,6 +168,8 @@ fi_context2* RawFabric::take_ctx(Ep& e, uint64_t ctx) {
 int RawFabric::write(size_t nic, const void* src, size_t len, uint64_t raddr, uint64_t key,
                      std::optional<uint32_t> data, uint64_t ctx) {
   Ep& e = eps_[nic];
+  if (inject_imms_ && data && len == 0)
+    return int(fi_inject_writedata(e.ep, src, 0, *data, e.peer, raddr, key));
   fi_context2* c = take_ctx(e, ctx);
   if (!c) return -FI_EAGAIN;
   ssize_t ret = data ? fi_writedata(e.ep, src, len, e.mr_desc, *data, e.peer, raddr, key, c)

@@ -54,6 +54,10 @@ class RawFabric {
   // negative libfabric error. `ctx` comes back in the local completion.
   int write(size_t nic, const void* src, size_t len, uint64_t raddr, uint64_t key,
             std::optional<uint32_t> data, uint64_t ctx);
+  // Zero-byte writes with data go out as fi_inject_writedata: no local
+  // completion (the baseline of an engine that posts its immediates so).
+  void inject_immediates(bool on) { inject_imms_ = on; }
+  bool injecting_immediates() const { return inject_imms_; }
   int send(size_t nic, const void* buf, size_t len, uint64_t ctx);
   int recv(size_t nic, void* buf, size_t len, uint64_t ctx);
 
@@ -66,6 +70,7 @@ class RawFabric {
   const std::string& provider() const { return provider_; }
 
  private:
+  bool inject_imms_ = false;
   struct Ep {
     std::string name;
     fi_info* info = nullptr;
@@ -91,6 +96,21 @@ class RawFabric {
   std::string provider_;
   std::vector<Ep> eps_;
   uint64_t next_key_ = 1;
+};
+
+// For the length of one ping-pong: its immediates injected (--raw-inject).
+class InjectImmediates {
+ public:
+  InjectImmediates(RawFabric& rf, bool on) : rf_(rf), was_(rf.injecting_immediates()) {
+    rf_.inject_immediates(on);
+  }
+  ~InjectImmediates() { rf_.inject_immediates(was_); }
+  InjectImmediates(const InjectImmediates&) = delete;
+  InjectImmediates& operator=(const InjectImmediates&) = delete;
+
+ private:
+  RawFabric& rf_;
+  bool was_;
 };
 
 }  // namespace ferry_bench

@@ -113,6 +113,7 @@ Result RawClient::pingpong_(const Point& p, const DriveConfig& dc) {
   const bool send = p.sendrecv();
   if (o_.raw_relay && !send) return relayed_pingpong(dc);
   if (send) post_raw_recvs(rf_, msg_, &recvs_posted_);
+  InjectImmediates inject(rf_, o_.raw_inject && !send);
   uint8_t* sbuf = msg_ + kRawSendOffset;
   std::string bad;
   auto one = [&](uint64_t n) {
@@ -209,6 +210,7 @@ void serve_raw(RawFabric& rf, Region& reg, const RawRegion& client, const Option
   uint8_t* region = reg.data();
   uint8_t* msg = region + o.region() - kMsgArea;  // host regions only: no ping-pong on GPUs
   if (mode == RawMode::kPingSend) post_raw_recvs(rf, msg, recvs_posted);
+  InjectImmediates inject(rf, o.raw_inject && mode == RawMode::kPingWrite);
   if (o.verify && mode == RawMode::kSink) reg.zero(l.data);
   send_msg(fd, MsgType::kReply);  // ready
 
