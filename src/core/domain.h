@@ -52,7 +52,8 @@ struct DomainInfo {
   // completion for it (shm delivers it into the peer's queue at the post).
   bool imm_at_post = false;
   // Sends of at most this many bytes may go through post_send_at_post: done
-  // when the call returns, the payload copied out, no completion.
+  // when the call returns, the payload copied out, no completion (0: none may,
+  // not even an empty one).
   uint64_t send_at_post_max = 0;
 };
 

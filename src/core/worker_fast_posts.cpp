@@ -44,7 +44,7 @@ bool Worker::post_fast(const Command& cmd) {
   uint32_t buffer = FastPost::kNoBuffer;
   if (send) {
     const FastSend& f = cmd.fast.send;
-    if (f.len <= infos_[0].send_at_post_max) {
+    if (infos_[0].send_at_post_max > 0 && f.len <= infos_[0].send_at_post_max) {
       r = nic.domain->post_send_at_post(peer, send_pool->buffer(f.buffer), f.len);
       if (r.posted != 1) return false;
       send_free->release(f.buffer);

@@ -253,6 +253,25 @@ TEST_P(SubmitForms, SendFromInlineReceiveRefusesWhenNoBufferIsFree) {
   EXPECT_EQ(code.load(), uint64_t(Code::kResourceExhausted) + 1);
 }
 
+// Empty one-line sends arrive as empty messages, each once, and end as sends
+// that completed; a NIC that posts no send without a completion (tcp) keeps
+// them on its completion path.
+TEST_P(SubmitForms, EmptyOneLineSendsArriveEmpty) {
+  EngineConfig c = test::config_for(GetParam());
+  TransferEngine a(c), b(c);
+  std::atomic<uint64_t> empty{0}, other{0};
+  b.submit_recvs(64, 8, [&](std::span<const uint8_t> m) { (m.empty() ? empty : other)++; });
+  constexpr uint64_t kSends = 200;
+  for (uint64_t i = 0; i < kSends; ++i) {
+    a.submit_send(b.main_address(), std::span<const uint8_t>(), OnDone::none());
+    ASSERT_TRUE(test::wait_until([&] { return empty.load() == i + 1; }, 20s)) << "send " << i;
+  }
+  EXPECT_EQ(other.load(), 0u);
+  EXPECT_TRUE(test::wait_until([&] { return a.stats().transfers_ok() == kSends; }, 20s))
+      << a.stats().transfers_ok();
+  EXPECT_EQ(a.stats().transfers_failed(), 0u);
+}
+
 // Queued one-line sends at stop give their buffers back and touch nothing
 // after the engine is gone.
 TEST_P(SubmitForms, StopWithOneLineSendsQueuedEndsCleanly) {
