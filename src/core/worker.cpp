@@ -235,7 +235,10 @@ void Worker::run(std::promise<Status>* init) {
     ring_.pop(pos);
   }
   Command cmd;
-  while (overflow_.try_dequeue(cmd)) cancel(cmd);
+  while (overflow_.try_dequeue(cmd)) {
+    overflow_out_.fetch_add(1, std::memory_order_relaxed);
+    cancel(cmd);
+  }
   for (uint32_t i = 0; i < slots_.size(); ++i) {
     auto& s = slots_[i];
     if (s.active && !s.finished) finish(s, Status(Code::kCancelled, "engine stopped"));
@@ -345,11 +348,12 @@ bool Worker::run_hooks(bool* awake) {
 }
 
 void Worker::enqueue(Command&& cmd) {
-  if (!ring_.try_push(std::move(cmd))) overflow_.enqueue(std::move(cmd));
+  if (!ring_.try_push(std::move(cmd))) to_overflow(std::move(cmd));
 }
 
 bool Worker::has_commands() {
-  return ring_.size_approx() != 0 || overflow_.size_approx() != 0;
+  return ring_.size_approx() != 0 || overflow_in_.load(std::memory_order_acquire) !=
+                                         overflow_out_.load(std::memory_order_relaxed);
 }
 
 bool Worker::drain_commands() {
@@ -365,7 +369,13 @@ bool Worker::drain_commands() {
     handle_in_place(*cmd);
     ring_.pop(pos);
   }
-  const size_t m = overflow_.try_dequeue_bulk(drained_.begin(), drained_.size());
+  size_t m = 0;
+  if (overflow_in_.load(std::memory_order_acquire) !=
+      overflow_out_.load(std::memory_order_relaxed)) {
+    m = overflow_.try_dequeue_bulk(drained_.begin(), drained_.size());
+    overflow_out_.store(overflow_out_.load(std::memory_order_relaxed) + m,
+                        std::memory_order_relaxed);
+  }
   for (size_t i = 0; i < m; ++i) {
     handle(drained_[i]);
     drained_[i] = Command{};

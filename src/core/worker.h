@@ -112,6 +112,10 @@ class Worker final : public OpHost {
   // (QueueFull::kRefuse) or after waiting until `deadline` (kBlock; epoch =
   // wait until space or stop). kFailedPrecondition once the engine stops.
   Status admit(Clock::time_point deadline);
+  // A one-line immediate posted here and now, with no admission and no
+  // command, where the NIC completes it inside its post (imm_at_post) and
+  // nothing stands before it; false: submit it the usual way.
+  bool try_imm_at_post(const FastImm& f, int64_t submit_ns);
   // Queues an admitted request (or an internal one: receive posts, control).
   void submit(Command&& cmd);
   // The same, with fill(Command&) writing the command where the worker will
@@ -140,7 +144,7 @@ class Worker final : public OpHost {
     if (!ring_.try_emplace(fill)) {
       Command c;
       fill(c);
-      overflow_.enqueue(std::move(c));
+      to_overflow(std::move(c));
     }
     after_enqueue();
   }
@@ -316,6 +320,9 @@ class Worker final : public OpHost {
   void note_fast_finished(const FastPost& p, const Status& st);
   void note_finished_ok(PeerId peer, int64_t submit_ns, uint64_t bytes);  // NIC 0
   void finish_at_post(const Command& cmd, PeerId peer, bool send, uint64_t bytes);
+  // Under the loop lock: try_imm_at_post's post.
+  bool post_imm_at_post(const FastImm& f, int64_t submit_ns);
+  void note_at_post(PeerId peer, bool send, uint64_t bytes);
   void check_fast_deadlines(Clock::time_point now);
   void cancel_fast_posts();
   void maybe_finish(uint32_t idx);
@@ -376,6 +383,15 @@ class Worker final : public OpHost {
   static constexpr size_t kRingCells = 256;
   SubmitRing<Command> ring_{kRingCells};
   moodycamel::ConcurrentQueue<Command> overflow_;
+  // Commands put into overflow_ and taken out of it: has_commands() on every
+  // turn compares the two rather than ask the queue, whose emptiness check
+  // walks its producers.
+  std::atomic<uint64_t> overflow_in_{0};
+  std::atomic<uint64_t> overflow_out_{0};  // written under loop_mu_
+  void to_overflow(Command&& cmd) {
+    overflow_.enqueue(std::move(cmd));
+    overflow_in_.fetch_add(1, std::memory_order_release);
+  }
   // drain_commands' landing area for the overflow queue, kept rather than
   // built on each call: an array of Commands on the stack is value-initialised
   // (a memset of every Command) and destroyed on every turn of the loop.

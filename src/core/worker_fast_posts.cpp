@@ -13,10 +13,15 @@
 // buffer too), a failure with kUnavailable marks the peer failed, and the
 // deadline is counted as DEADLINE_EXCEEDED once (nobody waits for it) while
 // the post stays in flight.
+#include <algorithm>
+
 #include "core/ctx.h"
 #include "core/worker.h"
+#include "core/worker_thread.h"
 
 namespace ferry::core {
+
+using worker_thread::AsWorker;
 
 bool Worker::post_fast(const Command& cmd) {
   // Immediates of FastImm go to a group of one NIC; sends always use NIC 0.
@@ -68,14 +73,14 @@ bool Worker::post_fast(const Command& cmd) {
     w.peer = peer;
     w.remote_addr = f.base;
     w.rkey = f.rkey;
-    w.at_post = infos_[0].imm_at_post;
+    const bool at_post = infos_[0].imm_at_post;
+    w.at_post = at_post;
     r = nic.domain->post_writes(std::span<WriteDesc>(post_batch_).first(1));
-    if (w.at_post && r.posted == 1) {
-      w.at_post = false;
+    w.at_post = false;
+    if (at_post && r.posted == 1) {
       finish_at_post(cmd, peer, false, 0);
       return true;
     }
-    w.at_post = false;
   }
   if (r.posted != 1) return false;  // refused or full: the slot path retries or fails it
   // Field by field: built as a temporary, the record was copied out with wide
@@ -106,15 +111,76 @@ bool Worker::post_fast(const Command& cmd) {
 // on_fast_done would count, counted now.
 void Worker::finish_at_post(const Command& cmd, PeerId peer, bool send, uint64_t bytes) {
   note_picked_up(cmd.submit_ns);
-  if constexpr (kStatsEnabled) {
-    stats_.nic[0].writes_completed.add();
-    if (PeerCounters* p = stats_.peer(0, peer)) {
-      (send ? p->sends_posted : p->writes_posted).add();
-      p->bytes_posted.add(bytes);
-    }
-    note_finished_ok(peer, cmd.submit_ns, bytes);
-  }
+  note_at_post(peer, send, bytes);
+  if constexpr (kStatsEnabled) note_finished_ok(peer, cmd.submit_ns, bytes);
   release_admission();
+}
+
+void Worker::note_at_post(PeerId peer, bool send, uint64_t bytes) {
+  if constexpr (!kStatsEnabled) return;
+  stats_.nic[0].writes_completed.add();
+  if (PeerCounters* p = stats_.peer(0, peer)) {
+    (send ? p->sends_posted : p->writes_posted).add();
+    p->bytes_posted.add(bytes);
+  }
+}
+
+// An immediate that is done when its post returns is never in flight, so it
+// takes no admission, and needs no command: the submitting thread posts it
+// as the worker would, where the worker would post it at once too (the loop
+// lock free or held by this very thread answering a completion, nothing
+// queued, the peer resolved already). Everything else takes the command path,
+// which posts it the same way or fails it with the reason.
+bool Worker::try_imm_at_post(const FastImm& f, int64_t submit_ns) {
+  if (!infos_[0].imm_at_post) return false;
+  if (answering_inline()) {
+    if (!post_imm_at_post(f, submit_ns)) return false;
+    wake_counters().inline_replies.add();
+    return true;
+  }
+  if (!may_post_direct()) return false;
+  std::unique_lock<LoopLock> loop(loop_mu_, std::try_to_lock);
+  if (!loop.owns_lock() || !direct_ready()) return false;
+  {
+    AsWorker as_worker(this);
+    if (!post_imm_at_post(f, submit_ns)) return false;
+  }
+  wake_counters().inline_posts.add();
+  // As post_direct, for a worker blocked in poll(2) (posted_all_here).
+  if (!busy_mode_) wake_unless_posted_all(posted_all_here());
+  return true;
+}
+
+bool Worker::post_imm_at_post(const FastImm& f, int64_t submit_ns) {
+  Nic& nic = nics_[0];
+  if (trace_ || !nic.pending.empty() || f.addr != fast_addr_ || fast_epoch_ != stale_epoch_ ||
+      !dead_.empty())
+    return false;
+  const Registration& src = **send_reg;
+  WriteDesc& w = post_batch_[0];
+  w.ctx = 0;
+  w.has_imm = true;
+  w.imm = f.imm;
+  w.local_desc = src.local_desc[0];
+  w.len = 0;
+  w.src = src.ptr;
+  w.peer = fast_peer_;
+  w.remote_addr = f.base;
+  w.rkey = f.rkey;
+  w.at_post = true;
+  const PostResult r = nic.domain->post_writes(std::span<WriteDesc>(post_batch_).first(1));
+  w.at_post = false;
+  if (r.posted != 1) return false;
+  note_at_post(fast_peer_, false, 0);
+  if constexpr (kStatsEnabled) {
+    if (submit_ns != 0) {
+      // A sampled request: the clock read after its post, as end_turn would.
+      begin_turn();
+      stats_.queue_delay.record(uint64_t(std::max<int64_t>(0, turn_ns() - submit_ns)));
+    }
+    note_finished_ok(fast_peer_, submit_ns, 0);
+  }
+  return true;
 }
 
 bool Worker::on_fast_done(uint64_t ctx, const Status& st, uint32_t count) {

@@ -229,9 +229,10 @@ struct TransferEngine::Impl {
   // the first line of its cell (core::FastImm).
   TransferId submit_fast_imm(core::Worker& w, uint32_t imm, const MrDesc::Nic& dst) {
     const NetAddr* addr = addrs->intern(dst.addr);
-    return submit_one_line(w, submit_time(), [&](core::FastCmd& f) {
-      f.imm = core::FastImm{core::FastKind::kImm, imm, addr, dst.rkey, dst.base};
-    });
+    const core::FastImm f{core::FastKind::kImm, imm, addr, dst.rkey, dst.base};
+    const SubmitTime t = submit_time();
+    if (w.try_imm_at_post(f, t.submit_ns)) return next_id();
+    return submit_one_line(w, t, [&](core::FastCmd& c) { c.imm = f; });
   }
 
   // A send with no OnDone: the whole command in the first line of its cell
