@@ -529,9 +529,9 @@ size_t FabricDomain::poll(std::span<core::Completion> out) {
     // Each CQ entry yields at most one Completion, so never read more than fits.
     const size_t want = std::min(kCqBatch, out.size() - n);
     const bool watched = watch_polls_.load(std::memory_order_relaxed);
-    if (watched) polling_since_ns_.store(core::now_ns(), std::memory_order_release);
+    if (watched) polling_call_.store(++polls_, std::memory_order_release);
     const ssize_t ret = fi_cq_read(cq_, entries, want);
-    if (watched) polling_since_ns_.store(0, std::memory_order_release);
+    if (watched) polling_call_.store(0, std::memory_order_release);
     if (ret > 0) {
       for (ssize_t i = 0; i < ret; ++i) {
         if (map_completion(entries[i], &out[n])) ++n;

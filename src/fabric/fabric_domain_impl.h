@@ -321,7 +321,7 @@ class FabricDomain final : public core::Domain {
   void rescuer_main();
   // The rescuer's part for a poll spinning since `since` (ns): releases a lock
   // held across two looks while a peer process has exited.
-  void rescue_poll(int64_t since, int64_t now);
+  void rescue_poll(int64_t call, int64_t now);
   // The rescuer's part for a post spinning on the region lock of a peer whose
   // process has exited: releases it once the post has spun kRescueAfter.
   void rescue_post(int64_t now);
@@ -389,9 +389,16 @@ class FabricDomain final : public core::Domain {
   // The fi_cq_read in progress, for the rescuer (set once it runs): a sender
   // that died holding our own region lock, or the lock of its own region,
   // leaves the provider's progress spinning inside it.
+  // Each such call has a number of its own (never 0), and 0 stands between
+  // calls: a number rather than a start time, so that a poll reads no clock
+  // (it runs on every turn of a spinning waiter); the rescuer times how long
+  // it sees the same number.
   std::atomic<bool> watch_polls_{false};
-  std::atomic<int64_t> polling_since_ns_{0};
-  int* own_lock_ = nullptr;  // our region's lock, when shm_layout_ok_
+  std::atomic<int64_t> polling_call_{0};
+  int64_t polls_ = 0;            // the polling thread's count, for polling_call_
+  int64_t poll_seen_ = 0;        // rescuer's: the call it last saw in progress,
+  int64_t poll_seen_at_ns_ = 0;  // and since when
+  int* own_lock_ = nullptr;      // our region's lock, when shm_layout_ok_
   // Every tracked peer, for the rescuer (guarded by rescuer_mu_; entries live
   // until the Domain closes, see removed_shm_peers_).
   std::vector<ShmPeer*> rescue_peers_;

@@ -96,7 +96,7 @@ void FabricDomain::rescuer_main() {
     }
     if (!looking) continue;
     const int64_t now = core::now_ns();
-    if (const int64_t polling = polling_since_ns_.load(std::memory_order_acquire); polling != 0)
+    if (const int64_t polling = polling_call_.load(std::memory_order_acquire); polling != 0)
       rescue_poll(polling, now);
     if (own_lock_watch_) watch_own_lock(now);
     rescue_post(now);
@@ -152,9 +152,16 @@ bool FabricDomain::release_lock(int* lock, const std::atomic<int64_t>& call, int
 // Called with rescuer_mu_ held. A sender takes the receiver's region lock
 // only to queue a command (microseconds), so our lock held for kRescueAfter
 // while our own progress spins on it, with a peer process gone meanwhile, is
-// that peer's. The exchange only succeeds on the value seen, and only while
-// the same poll still spins.
-void FabricDomain::rescue_poll(int64_t since, int64_t now) {
+// that peer's. The call is timed from the first look that saw it (a poll that
+// returns is gone by the next look, kRescuePeriodMs later). The exchange only
+// succeeds on the value seen, and only while the same poll still spins.
+void FabricDomain::rescue_poll(int64_t call, int64_t now) {
+  if (call != poll_seen_) {
+    poll_seen_ = call;
+    poll_seen_at_ns_ = now;
+    return;
+  }
+  const int64_t since = poll_seen_at_ns_;
   if (now - since < std::chrono::nanoseconds(kRescueAfter).count()) return;
   const ShmPeer* gone = nullptr;
   for (const ShmPeer* p : rescue_peers_)
@@ -164,9 +171,9 @@ void FabricDomain::rescue_poll(int64_t since, int64_t now) {
     }
   if (gone == nullptr) return;  // every holder is alive and lets go by itself
   auto release = [&](int* lock, const char* whose) {
-    if (release_lock(lock, polling_since_ns_, since))
+    if (release_lock(lock, polling_call_, call))
       core::log().warn(
-          "fabric NIC '{}': progress spun {} ms on {} while peer {} (pid {}) has exited; "
+          "fabric NIC '{}': progress spun {} ms or more on {} while peer {} (pid {}) has exited; "
           "released the lock it left taken",
           res_->nic_name, (now - since) / 1000000, whose, gone->name, gone->pid);
   };
@@ -187,7 +194,7 @@ void FabricDomain::rescue_poll(int64_t since, int64_t now) {
 // in progress (which may hold it itself), it is the dead peer's.
 void FabricDomain::watch_own_lock(int64_t now) {
   const int unlocked = spin_unlocked_value();
-  const int64_t polling = polling_since_ns_.load(std::memory_order_acquire);
+  const int64_t polling = polling_call_.load(std::memory_order_acquire);
   for (int64_t t = now;; t = core::now_ns()) {
     if (__atomic_load_n(own_lock_, __ATOMIC_ACQUIRE) == unlocked) {
       own_lock_watch_ = false;
@@ -197,12 +204,12 @@ void FabricDomain::watch_own_lock(int64_t now) {
     core::cpu_relax();
   }
   // Our own progress may be the holder: this look tells nothing.
-  if (polling != 0 || polling_since_ns_.load(std::memory_order_acquire) != 0) return;
+  if (polling != 0 || polling_call_.load(std::memory_order_acquire) != 0) return;
   if (own_lock_held_since_ == 0) own_lock_held_since_ = now;
   if (++own_lock_held_looks_ < kOwnLockLooks ||
       now - own_lock_held_since_ < std::chrono::nanoseconds(kRescueAfter).count())
     return;
-  if (release_lock(own_lock_, polling_since_ns_, 0)) {
+  if (release_lock(own_lock_, polling_call_, 0)) {
     own_lock_watch_ = false;
     core::log().warn(
         "fabric NIC '{}': our own region lock stayed taken for {} ms after a peer process "
