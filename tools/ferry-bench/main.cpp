@@ -407,6 +407,10 @@ int main(int argc, char** argv) {
   app.add_flag("--raw-inject", o.raw_inject,
                "the raw immediate ping-pong's writes as fi_inject_writedata, with no local "
                "completion, as the engine posts its one-line immediates on shm");
+  app.add_flag("--spin-pause", o.spin_pause,
+               "with busy polling, every ping-pong loop (ferry's and the raw one's alike) "
+               "executes a pause instruction after each poll that found nothing; by default "
+               "none does, so that both sides spin the same way");
   app.add_option("--msg-size", o.msg_size, "send/recv ping-pong message bytes")
       ->check(CLI::Range(8, 64 << 10))
       ->capture_default_str();

@@ -48,6 +48,7 @@ struct Options {
   bool wake = false;        // print each side's wake-up counts per point (stderr)
   bool raw_relay = false;   // imm baseline through a NIC thread per side (raw_relay.h)
   bool raw_inject = false;  // the raw immediates as fi_inject_writedata (no local completion)
+  bool spin_pause = false;  // busy ping-pong loops, ferry's and raw's alike, pause per empty poll
   std::string only = "single,paged,scatter,barrier,imm,sendrecv";
   double seconds = 0;  // 0 = 1.0, or 0.25 with --quick
   uint64_t iters = 0;

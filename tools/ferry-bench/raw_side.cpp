@@ -133,6 +133,7 @@ Result RawClient::pingpong_(const Point& p, const DriveConfig& dc) {
     if (ret != 0) return false;
     for (auto t = Clock::now(); secs_since(t) < 10;) {
       size_t got = rf_.poll(0, ev, 32);
+      if (got == 0 && o_.spin_pause) __builtin_ia32_pause();
       for (size_t i = 0; i < got; ++i) {
         if (!send && ev[i].kind == RawEvent::Kind::kRemoteData) return true;
         if (send && ev[i].kind == RawEvent::Kind::kRecv) {
@@ -253,6 +254,7 @@ void serve_raw(RawFabric& rf, Region& reg, const RawRegion& client, const Option
       last_busy = Clock::now();
       continue;
     }
+    if (busy && o.spin_pause) __builtin_ia32_pause();
     if (!busy && Clock::now() - last_busy > 200us) {
       if (!rf.wait(2, fd)) {
         timespec ts{0, 20'000};
