@@ -107,7 +107,11 @@ void CallbackThread::run() {
         // then reach the queue from this thread, with no crossing.
         ProgressHelp* help = help_.load(std::memory_order_acquire);
         helped |= help != nullptr;
-        if (help == nullptr || !help->try_help()) cpu_relax();
+        // No pause after a poll of the NICs (core/arrival_wait.h).
+        if (help == nullptr)
+          cpu_relax();
+        else
+          help->try_help();
         continue;
       }
     }
