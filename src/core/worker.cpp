@@ -352,8 +352,7 @@ void Worker::enqueue(Command&& cmd) {
 }
 
 bool Worker::has_commands() {
-  return ring_.size_approx() != 0 || overflow_in_.load(std::memory_order_acquire) !=
-                                         overflow_out_.load(std::memory_order_relaxed);
+  return ring_.size_approx() != 0 || overflow_pending();
 }
 
 bool Worker::drain_commands() {
@@ -370,8 +369,7 @@ bool Worker::drain_commands() {
     ring_.pop(pos);
   }
   size_t m = 0;
-  if (overflow_in_.load(std::memory_order_acquire) !=
-      overflow_out_.load(std::memory_order_relaxed)) {
+  if (overflow_pending()) {
     m = overflow_.try_dequeue_bulk(drained_.begin(), drained_.size());
     overflow_out_.store(overflow_out_.load(std::memory_order_relaxed) + m,
                         std::memory_order_relaxed);

@@ -322,6 +322,7 @@ class Worker final : public OpHost {
   void finish_at_post(const Command& cmd, PeerId peer, bool send, uint64_t bytes);
   // Under the loop lock: try_imm_at_post's post.
   bool post_imm_at_post(const FastImm& f, int64_t submit_ns);
+  PostResult post_one_imm(const FastImm& f, PeerId peer, uint64_t ctx, bool at_post);
   void note_at_post(PeerId peer, bool send, uint64_t bytes);
   void check_fast_deadlines(Clock::time_point now);
   void cancel_fast_posts();
@@ -391,6 +392,10 @@ class Worker final : public OpHost {
   void to_overflow(Command&& cmd) {
     overflow_.enqueue(std::move(cmd));
     overflow_in_.fetch_add(1, std::memory_order_release);
+  }
+  bool overflow_pending() const {
+    return overflow_in_.load(std::memory_order_acquire) !=
+           overflow_out_.load(std::memory_order_relaxed);
   }
   // drain_commands' landing area for the overflow queue, kept rather than
   // built on each call: an array of Commands on the stack is value-initialised

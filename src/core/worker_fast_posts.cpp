@@ -61,22 +61,8 @@ bool Worker::post_fast(const Command& cmd) {
     bytes = f.len;
     buffer = f.buffer;
   } else {
-    const FastImm& f = cmd.fast.imm;
-    const Registration& src = **send_reg;
-    WriteDesc& w = post_batch_[0];
-    w.ctx = ctx;
-    w.has_imm = true;
-    w.imm = f.imm;
-    w.local_desc = src.local_desc[0];
-    w.len = 0;
-    w.src = src.ptr;
-    w.peer = peer;
-    w.remote_addr = f.base;
-    w.rkey = f.rkey;
     const bool at_post = infos_[0].imm_at_post;
-    w.at_post = at_post;
-    r = nic.domain->post_writes(std::span<WriteDesc>(post_batch_).first(1));
-    w.at_post = false;
+    r = post_one_imm(cmd.fast.imm, peer, ctx, at_post);
     if (at_post && r.posted == 1) {
       finish_at_post(cmd, peer, false, 0);
       return true;
@@ -105,6 +91,26 @@ bool Worker::post_fast(const Command& cmd) {
     }
   }
   return true;
+}
+
+// The one zero-byte write of an immediate, on NIC 0; `at_post` asks the NIC to
+// complete it inside the post (DomainInfo::imm_at_post), with no completion.
+PostResult Worker::post_one_imm(const FastImm& f, PeerId peer, uint64_t ctx, bool at_post) {
+  const Registration& src = **send_reg;
+  WriteDesc& w = post_batch_[0];
+  w.ctx = ctx;
+  w.has_imm = true;
+  w.imm = f.imm;
+  w.local_desc = src.local_desc[0];
+  w.len = 0;
+  w.src = src.ptr;
+  w.peer = peer;
+  w.remote_addr = f.base;
+  w.rkey = f.rkey;
+  w.at_post = at_post;
+  const PostResult r = nics_[0].domain->post_writes(std::span<WriteDesc>(post_batch_).first(1));
+  w.at_post = false;  // the batch's other users post with completions
+  return r;
 }
 
 // Done at its post (DomainInfo::imm_at_post): no record, no credit taken; what
@@ -152,25 +158,11 @@ bool Worker::try_imm_at_post(const FastImm& f, int64_t submit_ns) {
 }
 
 bool Worker::post_imm_at_post(const FastImm& f, int64_t submit_ns) {
-  Nic& nic = nics_[0];
+  const Nic& nic = nics_[0];
   if (trace_ || !nic.pending.empty() || f.addr != fast_addr_ || fast_epoch_ != stale_epoch_ ||
       !dead_.empty())
     return false;
-  const Registration& src = **send_reg;
-  WriteDesc& w = post_batch_[0];
-  w.ctx = 0;
-  w.has_imm = true;
-  w.imm = f.imm;
-  w.local_desc = src.local_desc[0];
-  w.len = 0;
-  w.src = src.ptr;
-  w.peer = fast_peer_;
-  w.remote_addr = f.base;
-  w.rkey = f.rkey;
-  w.at_post = true;
-  const PostResult r = nic.domain->post_writes(std::span<WriteDesc>(post_batch_).first(1));
-  w.at_post = false;
-  if (r.posted != 1) return false;
+  if (post_one_imm(f, fast_peer_, 0, true).posted != 1) return false;
   note_at_post(fast_peer_, false, 0);
   if constexpr (kStatsEnabled) {
     if (submit_ns != 0) {

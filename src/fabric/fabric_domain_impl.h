@@ -319,8 +319,9 @@ class FabricDomain final : public core::Domain {
   // Stops and joins the rescuer; the Domain then closes what it watched.
   void stop_rescuer();
   void rescuer_main();
-  // The rescuer's part for a poll spinning since `since` (ns): releases a lock
-  // held across two looks while a peer process has exited.
+  // The rescuer's part for the poll numbered `call` (polling_call_) still in
+  // progress: releases a lock held across looks kRescueAfter apart while a
+  // peer process has exited.
   void rescue_poll(int64_t call, int64_t now);
   // The rescuer's part for a post spinning on the region lock of a peer whose
   // process has exited: releases it once the post has spun kRescueAfter.

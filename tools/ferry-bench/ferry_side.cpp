@@ -24,9 +24,10 @@ namespace {
 // (core/arrival_wait.h): with --poll busy every thread has its own core and
 // spins exactly as the raw loops do, with no pause between polls unless
 // --spin-pause asks it of both (a pause takes over a hundred cycles on some
-// server cores, a delay between an arrival and its poll); otherwise the first kSpinPolls fruitless
-// polls of a wait spin too (the raw loop never yields while it waits), and only a longer wait gives
-// the core away. One Relax per wait.
+// server cores, a delay between an arrival and its poll); otherwise the first
+// kSpinPolls fruitless polls of a wait spin too (the raw loop never yields
+// while it waits), and only a longer wait gives the core away. One Relax per
+// wait.
 class Relax {
  public:
   explicit Relax(const Options& o) : busy_(o.poll == "busy"), pause_(o.spin_pause) {}
