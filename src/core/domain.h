@@ -48,7 +48,7 @@ struct DomainInfo {
   // need the worker's device context, so it stays on its worker.
   bool any_thread = false;
   // A zero-byte write with an immediate is done when its post returns: the
-  // worker may ask for it with WriteDesc::at_post and then expects no local
+  // worker may post it with post_imm_at_post and then expects no local
   // completion for it (shm delivers it into the peer's queue at the post).
   bool imm_at_post = false;
   // Sends of at most this many bytes may go through post_send_at_post: done
@@ -76,9 +76,6 @@ struct WriteDesc {
   uint64_t rkey = 0;
   uint32_t imm = 0;
   bool has_imm = false;
-  // Only for a zero-byte write with an immediate on a domain with
-  // DomainInfo::imm_at_post: post it with no local completion (ctx unused).
-  bool at_post = false;
   uint64_t ctx = 0;
 };
 
@@ -188,6 +185,15 @@ class Domain {
       }
     }
     return total;
+  }
+  // Only where info().imm_at_post: a zero-byte write with an immediate, done
+  // when the call returns (no source, no completion).
+  virtual PostResult post_imm_at_post(PeerId peer, uint32_t imm, uint64_t remote_addr,
+                                      uint64_t rkey) {
+    (void)peer, (void)imm, (void)remote_addr, (void)rkey;
+    PostResult r;
+    r.error = Status(Code::kUnimplemented, "this NIC posts no write without a completion");
+    return r;
   }
   virtual PostResult post_send(PeerId peer, const void* buf, size_t len, void* local_desc,
                                uint64_t ctx) = 0;

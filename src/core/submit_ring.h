@@ -89,6 +89,13 @@ class SubmitRing {
     if (ahead_ == 0 && !published_ahead()) return nullptr;
     return next_past_hole(pos);
   }
+  // Consumer only: true when next() would find nothing, read as next() reads
+  // (no tail_), inline for a helper's poll that mostly finds the ring empty.
+  bool idle() const {
+    if (cells_[head_ & mask_].seq.load(std::memory_order_acquire) == head_ + 1 || ahead_ != 0)
+      return false;
+    return !published_ahead();
+  }
   void pop(uint64_t pos) {
     cells_[pos & mask_].seq.store(pos + mask_ + 1, std::memory_order_release);
     consumed_.store(consumed_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -158,9 +165,18 @@ class SubmitRing {
     return hi;
   }
   bool published_ahead() const {
-    const uint64_t n = std::min<uint64_t>(kLookAhead, mask_);
-    for (uint64_t p = head_ + 1; p <= head_ + n; ++p)
-      if (cells_[p & mask_].seq.load(std::memory_order_relaxed) == p + 1) return true;
+    const Cell* cells = cells_.get();
+    const uint64_t mask = mask_;
+    const uint64_t head = head_;
+    if (mask >= kLookAhead) {  // every ring but the smallest: a fixed count, unrolled
+      static_assert(kLookAhead == 4);
+      auto at = [&](uint64_t i) {
+        return cells[(head + i) & mask].seq.load(std::memory_order_relaxed) == head + i + 1;
+      };
+      return at(1) | at(2) | at(3) | at(4);
+    }
+    for (uint64_t p = head + 1; p <= head + mask; ++p)
+      if (cells[p & mask].seq.load(std::memory_order_relaxed) == p + 1) return true;
     return false;
   }
   // Position p (head_ <= p < head_ + N) was taken: its cell says p + N (freed)

@@ -231,6 +231,8 @@ class Worker final : public OpHost {
   void after_enqueue();
   bool has_commands();
   bool drain_commands();
+  // Whether drain_commands would find a command (claimed but unfilled ones aside).
+  bool commands_published() const { return !ring_.idle() || overflow_pending(); }
   // submit_with's way around the ring: whether to try the loop lock, then,
   // holding it, whether nothing stands before the command (stopping, queued
   // commands); post_direct starts direct_ as the worker would and wakes the
@@ -323,7 +325,7 @@ class Worker final : public OpHost {
   // Under the loop lock: try_imm_at_post's post.
   bool post_imm_at_post(const FastImm& f, int64_t submit_ns);
   PostResult post_one_imm(const FastImm& f, PeerId peer, uint64_t ctx, bool at_post);
-  void note_at_post(PeerId peer, bool send, uint64_t bytes);
+  void note_done_at_post(PeerId peer, bool send, uint64_t bytes, int64_t submit_ns);
   void check_fast_deadlines(Clock::time_point now);
   void cancel_fast_posts();
   void maybe_finish(uint32_t idx);

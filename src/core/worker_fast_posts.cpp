@@ -96,6 +96,7 @@ bool Worker::post_fast(const Command& cmd) {
 // The one zero-byte write of an immediate, on NIC 0; `at_post` asks the NIC to
 // complete it inside the post (DomainInfo::imm_at_post), with no completion.
 PostResult Worker::post_one_imm(const FastImm& f, PeerId peer, uint64_t ctx, bool at_post) {
+  if (at_post) return nics_[0].domain->post_imm_at_post(peer, f.imm, f.base, f.rkey);
   const Registration& src = **send_reg;
   WriteDesc& w = post_batch_[0];
   w.ctx = ctx;
@@ -107,27 +108,34 @@ PostResult Worker::post_one_imm(const FastImm& f, PeerId peer, uint64_t ctx, boo
   w.peer = peer;
   w.remote_addr = f.base;
   w.rkey = f.rkey;
-  w.at_post = at_post;
-  const PostResult r = nics_[0].domain->post_writes(std::span<WriteDesc>(post_batch_).first(1));
-  w.at_post = false;  // the batch's other users post with completions
-  return r;
+  return nics_[0].domain->post_writes(std::span<WriteDesc>(post_batch_).first(1));
 }
 
 // Done at its post (DomainInfo::imm_at_post): no record, no credit taken; what
 // on_fast_done would count, counted now.
 void Worker::finish_at_post(const Command& cmd, PeerId peer, bool send, uint64_t bytes) {
   note_picked_up(cmd.submit_ns);
-  note_at_post(peer, send, bytes);
-  if constexpr (kStatsEnabled) note_finished_ok(peer, cmd.submit_ns, bytes);
+  note_done_at_post(peer, send, bytes, cmd.submit_ns);
   release_admission();
 }
 
-void Worker::note_at_post(PeerId peer, bool send, uint64_t bytes) {
+// What a post and its completion would each count, in one pass over the
+// counters: one peer lookup, no additions of zero.
+void Worker::note_done_at_post(PeerId peer, bool send, uint64_t bytes, int64_t submit_ns) {
   if constexpr (!kStatsEnabled) return;
-  stats_.nic[0].writes_completed.add();
+  NicCounters& n = stats_.nic[0];
+  n.writes_completed.add();
+  stats_.outcomes[size_t(Code::kOk)].add();
+  if (submit_ns != 0)
+    stats_.transfer_latency.record(uint64_t(std::max<int64_t>(0, turn_ns() - submit_ns)));
+  if (bytes != 0) n.bytes_completed.add(bytes);
   if (PeerCounters* p = stats_.peer(0, peer)) {
     (send ? p->sends_posted : p->writes_posted).add();
-    p->bytes_posted.add(bytes);
+    p->transfers_ok.add();
+    if (bytes != 0) {
+      p->bytes_posted.add(bytes);
+      p->bytes_ok.add(bytes);
+    }
   }
 }
 
@@ -162,15 +170,14 @@ bool Worker::post_imm_at_post(const FastImm& f, int64_t submit_ns) {
   if (trace_ || !nic.pending.empty() || f.addr != fast_addr_ || fast_epoch_ != stale_epoch_ ||
       !dead_.empty())
     return false;
-  if (post_one_imm(f, fast_peer_, 0, true).posted != 1) return false;
-  note_at_post(fast_peer_, false, 0);
+  if (nic.domain->post_imm_at_post(fast_peer_, f.imm, f.base, f.rkey).posted != 1) return false;
   if constexpr (kStatsEnabled) {
     if (submit_ns != 0) {
       // A sampled request: the clock read after its post, as end_turn would.
       begin_turn();
       stats_.queue_delay.record(uint64_t(std::max<int64_t>(0, turn_ns() - submit_ns)));
     }
-    note_finished_ok(fast_peer_, submit_ns, 0);
+    note_done_at_post(fast_peer_, false, 0, submit_ns);
   }
   return true;
 }

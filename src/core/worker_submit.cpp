@@ -216,7 +216,8 @@ bool Worker::help_progress() {
   if (!loop.owns_lock() || stop_.load(std::memory_order_acquire)) return false;
   AsWorker as_worker(this);
   begin_turn();
-  bool busy = drain_commands();
+  // A helper's poll mostly finds no command: looked at inline, as next() would.
+  bool busy = commands_published() && drain_commands();
   busy |= progress_posts();
   const bool polled = poll_completions();
   // What an inline callback just submitted goes out now, not at the worker's

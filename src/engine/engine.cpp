@@ -136,15 +136,23 @@ TransferEngine::TransferEngine(EngineConfig config) : impl_(std::make_unique<Imp
   reg->len = sp.buf_len * sp.count;
   // Waiters on counters poll for idle workers (core/progress_help.h).
   if (std::all_of(im.workers.begin(), im.workers.end(), [](auto& w) { return w->can_help(); })) {
-    im.help = std::make_shared<core::ProgressHelp>(
-        [workers = &im.workers] {
-          bool any = false;
-          for (auto& w : *workers) any |= w->help_progress();
-          return any;
-        },
-        [workers = &im.workers] {
-          for (auto& w : *workers) w->help_leaves();
-        });
+    using Workers = decltype(im.workers);
+    if (im.workers.size() == 1) {
+      im.help = std::make_shared<core::ProgressHelp>(
+          [](void* w) { return static_cast<core::Worker*>(w)->help_progress(); },
+          [](void* w) { static_cast<core::Worker*>(w)->help_leaves(); }, im.workers[0].get());
+    } else {
+      im.help = std::make_shared<core::ProgressHelp>(
+          [](void* ws) {
+            bool any = false;
+            for (auto& w : *static_cast<Workers*>(ws)) any |= w->help_progress();
+            return any;
+          },
+          [](void* ws) {
+            for (auto& w : *static_cast<Workers*>(ws)) w->help_leaves();
+          },
+          &im.workers);
+    }
     im.imms->set_progress_help(im.help);
     im.callbacks->set_progress_help(
         im.help.get(), core::resolve_idle_spin(config.spin_before_block, config.spin_yield).spin);

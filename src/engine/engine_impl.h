@@ -172,25 +172,31 @@ struct TransferEngine::Impl {
     int64_t submit_ns = 0;       // 0: not sampled
   };
   SubmitTime submit_time(Clock::time_point dl = Clock::time_point::max()) const {
-    static thread_local uint32_t t_until_sample = 0;  // submissions before the next timed one
-    SubmitTime t{dl, 0};
-    Clock::time_point now{};
-    if (core::kStatsEnabled && (t_until_sample == 0 || !shared.config.trace_file.empty())) {
-      now = Clock::now();
-      t.submit_ns = core::ns_of(now);
-      const uint32_t every = shared.config.latency_sample_every;
-      t_until_sample = every > 1 ? every - 1 : 0;
-    } else if (core::kStatsEnabled) {
-      --t_until_sample;
-    }
-    if (dl == Clock::time_point::max()) {
-      const auto d = shared.config.default_deadline;
-      if (d.count() <= 0)
-        t.deadline = Clock::time_point{};
-      else
-        t.deadline = (t.submit_ns != 0 ? now : core::coarse_now() + core::coarse_tick()) + d;
-    }
+    SubmitTime t{dl, sampled_submit_ns()};
+    if (dl == Clock::time_point::max()) t.deadline = default_deadline(t.submit_ns);
     return t;
+  }
+  // The submission's time when this one is sampled, else 0.
+  int64_t sampled_submit_ns() const {
+    static thread_local uint32_t t_until_sample = 0;  // submissions before the next timed one
+    if constexpr (!core::kStatsEnabled) return 0;
+    if (t_until_sample != 0 && shared.config.trace_file.empty()) {
+      --t_until_sample;
+      return 0;
+    }
+    const uint32_t every = shared.config.latency_sample_every;
+    t_until_sample = every > 1 ? every - 1 : 0;
+    return core::now_ns();
+  }
+  // EngineConfig::default_deadline from the submission's time (`submit_ns`, or
+  // the coarse clock's next tick when it was not sampled).
+  Clock::time_point default_deadline(int64_t submit_ns) const {
+    const auto d = shared.config.default_deadline;
+    if (d.count() <= 0) return Clock::time_point{};
+    const Clock::time_point from = submit_ns != 0
+                                       ? Clock::time_point(std::chrono::nanoseconds(submit_ns))
+                                       : core::coarse_now() + core::coarse_tick();
+    return from + d;
   }
 
   // A request the caller cannot have queued (its group is full, or the engine
@@ -230,9 +236,11 @@ struct TransferEngine::Impl {
   TransferId submit_fast_imm(core::Worker& w, uint32_t imm, const MrDesc::Nic& dst) {
     const NetAddr* addr = addrs->intern(dst.addr);
     const core::FastImm f{core::FastKind::kImm, imm, addr, dst.rkey, dst.base};
-    const SubmitTime t = submit_time();
-    if (w.try_imm_at_post(f, t.submit_ns)) return next_id();
-    return submit_one_line(w, t, [&](core::FastCmd& c) { c.imm = f; });
+    // Done at its post, an immediate needs no deadline: taken only for the command.
+    const int64_t submit_ns = sampled_submit_ns();
+    if (w.try_imm_at_post(f, submit_ns)) return next_id();
+    return submit_one_line(w, SubmitTime{default_deadline(submit_ns), submit_ns},
+                           [&](core::FastCmd& c) { c.imm = f; });
   }
 
   // A send with no OnDone: the whole command in the first line of its cell

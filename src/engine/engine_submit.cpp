@@ -258,6 +258,11 @@ TransferId TransferEngine::submit_imm(uint32_t imm, const MrDesc& dst, OnDone on
   auto& im = *impl_;
   auto entered = im.enter();
   auto& w = *im.workers[0];
+  // The common case in one pass: one NIC, nothing to call back, a target that
+  // the checks below would let through.
+  if (w.nics() == 1 && on_done.empty() && dst.nics.size() == 1 && dst.writable &&
+      !dst.nics[0].addr.empty() && (route.kind != WriteRoute::Kind::kPinned || route.nic == 0))
+    return im.submit_fast_imm(w, imm, dst.nics[0]);
   im.check_desc(dst, w.nics(), "submit_imm");
   im.check_writable(dst, "submit_imm");
   if (route.kind == WriteRoute::Kind::kPinned && route.nic >= w.nics())

@@ -74,7 +74,7 @@ void fill(core::Completion* out, core::Completion::Kind kind, uint64_t ctx, uint
   out->len = len;
   out->imm = imm;
   out->count = 1;
-  out->status = Status();
+  if (!out->status.is_ok()) out->status = Status();  // the entry is reused: mostly ok already
 }
 
 }  // namespace
@@ -180,15 +180,48 @@ void FabricDomain::note_shm_post(ShmPeer* sp, ssize_t ret) {
 // An injected write has no local completion and so no operation context: it
 // is done when the call returns, and shm reports no error for it later (a
 // dead peer is caught by the liveness check before the post).
-bool FabricDomain::post_imm_at_post(const core::WriteDesc& w, ShmPeer* sp, Clock::time_point now,
-                                    Status* error) {
+bool FabricDomain::inject_imm(uint32_t imm, fi_addr_t peer, uint64_t remote_addr, uint64_t rkey,
+                              ShmPeer* sp, Clock::time_point now, Status* error) {
   const bool watched = begin_watched_post(sp, now);
-  const ssize_t ret = fi_inject_writedata(ep_, nullptr, 0, w.imm, w.peer, w.remote_addr, w.rkey);
+  const ssize_t ret = fi_inject_writedata(ep_, nullptr, 0, imm, peer, remote_addr, rkey);
   end_watched_post(watched);
   note_shm_post(sp, ret);
   if (ret == 0) return true;
   if (ret != -FI_EAGAIN) *error = post_error("fi_inject_writedata", ret);
   return false;
+}
+
+core::PostResult FabricDomain::post_imm_at_post(core::PeerId peer, uint32_t imm,
+                                                uint64_t remote_addr, uint64_t rkey) {
+  core::PostResult result;
+  // The way an answer goes out, flat: a live shm peer whose liveness was
+  // asked within its period and whose region lock is free needs none of the
+  // steps below but the watched post itself. Anything else takes them.
+  ShmPeer* fast = shm_peer(peer);
+  if (fast != nullptr && !fast->dead && dead_socket_peers_ == 0) {
+    const auto now = core::coarse_now();
+    if ((fast->watch == nullptr || now - fast->last_check < kLivenessPeriod) &&
+        (fast->lock == nullptr ||
+         __atomic_load_n(fast->lock, __ATOMIC_RELAXED) == spin_unlocked_)) {
+      const bool watched = begin_watched_post(fast, now);
+      const ssize_t ret = fi_inject_writedata(ep_, nullptr, 0, imm, peer, remote_addr, rkey);
+      end_watched_post(watched);
+      if (ret == 0) {
+        fast->eagain_streak = 0;
+        result.posted = 1;
+        return result;
+      }
+      note_shm_post(fast, ret);
+      if (ret != -FI_EAGAIN) result.error = post_error("fi_inject_writedata", ret);
+      return result;
+    }
+  }
+  ShmPeer* sp = nullptr;
+  Clock::time_point now{};
+  if (peer_postable(peer, 0, "fi_inject_writedata to", &result.error, &sp, &now) &&
+      inject_imm(imm, peer, remote_addr, rkey, sp, now, &result.error))
+    result.posted = 1;
+  return result;
 }
 
 core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writes) {
@@ -197,11 +230,6 @@ core::PostResult FabricDomain::post_writes(std::span<const core::WriteDesc> writ
     ShmPeer* sp = nullptr;
     Clock::time_point now{};
     if (!peer_postable(w.peer, w.len, "fi_writemsg to", &result.error, &sp, &now)) break;
-    if (w.at_post) {
-      if (!post_imm_at_post(w, sp, now, &result.error)) break;
-      ++result.posted;
-      continue;
-    }
     OpEntry* op = pool_->acquire(OpKind::kWrite, w.ctx);
     if (op == nullptr) break;  // every context in flight: back-pressure
     op->peer = w.peer;
@@ -360,6 +388,12 @@ size_t FabricDomain::retry_reposts(std::span<core::Completion> out) {
 }
 
 bool FabricDomain::map_completion(const fi_cq_data_entry& e, core::Completion* out) {
+  // A peer's write that took none of our receives (no context): the most
+  // common entry of all where immediates are the traffic.
+  if (e.op_context == nullptr && (e.flags & FI_REMOTE_WRITE) != 0) {
+    fill(out, core::Completion::Kind::kRemoteImm, 0, 0, static_cast<uint32_t>(e.data));
+    return true;
+  }
   OpEntry* op = pool_->from_context(e.op_context);
   if (is_remote_write(e.flags, op)) {
     fill(out, core::Completion::Kind::kRemoteImm, 0, 0, static_cast<uint32_t>(e.data));
@@ -503,7 +537,7 @@ void FabricDomain::orphan_dead_peers(Clock::time_point now) {
   orphan_scan_ = false;
 }
 
-size_t FabricDomain::poll(std::span<core::Completion> out) {
+size_t FabricDomain::upkeep(std::span<core::Completion> out) {
   size_t n = repost_count_ > 0 ? retry_reposts(out) : 0;
   if (shm_ && (tx_in_flight_ > 0 || orphans_ > 0) && !shm_peers_.empty()) {
     // Coarse: these checks run every 10-100 ms, and a precise read on every
@@ -524,6 +558,13 @@ size_t FabricDomain::poll(std::span<core::Completion> out) {
     if (now >= next_stall_scan_) scan_for_stalled_peers(now);
   }
   if (orphan_scan_) n += fail_orphans(out.subspan(n));
+  return n;
+}
+
+size_t FabricDomain::poll(std::span<core::Completion> out) {
+  // One test for the whole upkeep: a poll with nothing in flight and nothing
+  // to retry (a waiter's poll for immediates) goes straight to the CQ.
+  size_t n = (repost_count_ | tx_in_flight_ | orphans_) != 0 || orphan_scan_ ? upkeep(out) : 0;
   while (n < out.size()) {
     fi_cq_data_entry entries[kCqBatch];
     // Each CQ entry yields at most one Completion, so never read more than fits.

@@ -200,6 +200,9 @@ struct SocketPeer {
   bool dead = false;
 };
 
+// The value of an unlocked pthread_spinlock_t (1 on x86-64 glibc, 0 elsewhere).
+int spin_unlocked_value() noexcept;
+
 class FabricDomain final : public core::Domain {
   struct Key {
     explicit Key() = default;
@@ -221,6 +224,8 @@ class FabricDomain final : public core::Domain {
 
   core::PostResult post_writes(std::span<const core::WriteDesc> writes) override;
   core::PostResult post_send_at_post(core::PeerId peer, const void* buf, size_t len) override;
+  core::PostResult post_imm_at_post(core::PeerId peer, uint32_t imm, uint64_t remote_addr,
+                                    uint64_t rkey) override;
   core::PostResult post_send(core::PeerId peer, const void* buf, size_t len, void* local_desc,
                              uint64_t ctx) override;
   core::PostResult post_recv(void* buf, size_t len, void* local_desc, uint64_t ctx) override;
@@ -242,6 +247,9 @@ class FabricDomain final : public core::Domain {
   // the start of the next poll. Writes at most one Completion per hard failure.
   size_t retry_reposts(std::span<core::Completion> out);
   void repost_or_defer(OpEntry* entry);
+  // What a poll does besides reading the CQ, while anything is in flight or
+  // waits: reposts to retry, liveness and stall checks, orphans to fail.
+  size_t upkeep(std::span<core::Completion> out);
   // Turns one successful CQ entry into at most one Completion.
   bool map_completion(const fi_cq_data_entry& e, core::Completion* out);
   // 1: wrote *out, 0: consumed an entry without a Completion, -1: nothing read.
@@ -279,8 +287,8 @@ class FabricDomain final : public core::Domain {
   // be waiting for a dead peer, so it is looked at.
   void note_shm_post(ShmPeer* sp, ssize_t ret);
   // A zero-byte write with an immediate, with no local completion (imm_at_post).
-  bool post_imm_at_post(const core::WriteDesc& w, ShmPeer* sp, Clock::time_point now,
-                        Status* error);
+  bool inject_imm(uint32_t imm, fi_addr_t peer, uint64_t remote_addr, uint64_t rkey, ShmPeer* sp,
+                  Clock::time_point now, Status* error);
 
   // --- tcp peers (see SocketPeer; socket_peers.cpp)
   void track_socket_peer(fi_addr_t addr, std::span<const uint8_t> raw);
@@ -385,6 +393,7 @@ class FabricDomain final : public core::Domain {
   size_t orphan_pos_ = 0;
   Clock::time_point next_peer_check_{};
   // The provider call in progress, for the rescuer: its peer and start.
+  const int spin_unlocked_ = spin_unlocked_value();  // a free region lock's word
   std::atomic<ShmPeer*> posting_peer_{nullptr};
   std::atomic<int64_t> posting_since_ns_{0};
   // The fi_cq_read in progress, for the rescuer (set once it runs): a sender
@@ -458,8 +467,6 @@ inline constexpr size_t kPendingProto = 0x14, kPendingContext = 0x108;
 inline constexpr uint16_t kProtoIov = 2;
 }  // namespace shm_layout
 
-// The value of an unlocked pthread_spinlock_t (1 on x86-64 glibc, 0 elsewhere).
-int spin_unlocked_value() noexcept;
 // The pid in an shm endpoint name "fi_shm://<pid>:...", or 0.
 pid_t shm_name_pid(std::string_view name) noexcept;
 // Maps our own endpoint's region (shared, read-write) and checks the layout
