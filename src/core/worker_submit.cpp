@@ -226,8 +226,8 @@ bool Worker::help_progress() {
     drain_commands();
     progress_posts();
   }
-  flush_reposts();
-  end_turn();
+  if (reposts_n_ != 0) flush_reposts();
+  if (picked_up_n_ != 0) end_turn();
   helped_.store(helped_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   if (busy || polled) {
     helped_found_.store(helped_found_.load(std::memory_order_relaxed) + 1,
