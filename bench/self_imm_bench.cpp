@@ -14,7 +14,7 @@
 // ferry - relay the engine's own path.
 //
 //   self_imm_bench [--provider fake|shm|tcp] [--cpus A,B] [--iters N] [--rounds R] [--baselines]
-//                  [--on-worker] [--idle-polls] [--split]
+//                  [--on-worker] [--idle-polls] [--split] [--send-queue]
 //
 // Prints, per round and implementation, the p50 and p99 of the round trip in
 // nanoseconds. With --idle-polls, also the cost of one poll that finds nothing:
@@ -24,6 +24,8 @@
 // With --split, also the p50 of the post call alone (raw: the write; ferry:
 // submit_imm) within the round trip, so that the engine's share splits into
 // the way out and the way back (the rest: polls until the arrival is taken).
+// With --send-queue, also the round trip of a 64-byte message sent to the
+// engine's own receive queue and popped there.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -172,7 +174,7 @@ int main(int argc, char** argv) {
   std::string provider = "fake";
   int app_cpu = 0, worker_cpu = 1;
   size_t iters = 200000, rounds = 3;
-  bool baselines = false, on_worker = false, idle_polls = false;
+  bool baselines = false, on_worker = false, idle_polls = false, send_queue = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -192,12 +194,14 @@ int main(int argc, char** argv) {
       on_worker = true;
     } else if (a == "--idle-polls") {
       idle_polls = true;
+    } else if (a == "--send-queue") {
+      send_queue = true;
     } else if (a == "--split") {
       g_post.on = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--provider P] [--cpus A,B] [--iters N] [--rounds R] [--baselines] "
-                   "[--on-worker] [--idle-polls] [--split]\n",
+                   "[--on-worker] [--idle-polls] [--split] [--send-queue]\n",
                    argv[0]);
       return 2;
     }
@@ -235,6 +239,17 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 100000; ++i) never.try_consume(1);
       report_idle(provider + " ferry", r, iters, [&] {
         if (never.try_consume(1)) std::abort();
+      });
+    }
+    if (ok && send_queue) {
+      // A 64-byte message sent to the engine's own receive queue and popped
+      // there (ferry-bench's sendrecv-q, with no second process).
+      ferry::RecvQueue queue = e.recv_queue(64, 64);
+      std::vector<uint8_t> msg(64, 1);
+      const ferry::NetAddr self = desc.nics[0].addr;
+      ok = time_round(provider + " ferry sendrecv-q", r, iters, [&](Clock::time_point give_up) {
+        e.submit_send(self, msg, ferry::OnDone::none());
+        return spin_until(give_up, [&] { return queue.try_pop().valid(); });
       });
     }
     if (ok && on_worker) {

@@ -116,6 +116,10 @@ class Worker final : public OpHost {
   // command, where the NIC completes it inside its post (imm_at_post) and
   // nothing stands before it; false: submit it the usual way.
   bool try_imm_at_post(const FastImm& f, int64_t submit_ns);
+  // The same for a send of at most DomainInfo::send_at_post_max bytes to the
+  // interned `to`: the NIC copies `msg` out inside the post, so no send
+  // buffer is taken either.
+  bool try_send_at_post(const NetAddr* to, std::span<const uint8_t> msg, int64_t submit_ns);
   // Queues an admitted request (or an internal one: receive posts, control).
   void submit(Command&& cmd);
   // The same, with fill(Command&) writing the command where the worker will
@@ -322,8 +326,17 @@ class Worker final : public OpHost {
   void note_fast_finished(const FastPost& p, const Status& st);
   void note_finished_ok(PeerId peer, int64_t submit_ns, uint64_t bytes);  // NIC 0
   void finish_at_post(const Command& cmd, PeerId peer, bool send, uint64_t bytes);
-  // Under the loop lock: try_imm_at_post's post.
+  // Where the submitting thread may post for the worker at once: answering
+  // inline, or holding the loop lock with nothing queued; post() under it.
+  template <typename Post>
+  bool post_here_now(Post&& post);
+  // Under the loop lock: the posts of try_imm_at_post and try_send_at_post.
   bool post_imm_at_post(const FastImm& f, int64_t submit_ns);
+  bool post_send_at_post(const NetAddr* to, std::span<const uint8_t> msg, int64_t submit_ns);
+  // The counters of a post done at its return, and whether `to` is the
+  // resolved peer such a post may go to now.
+  bool at_post_ready(const NetAddr* to) const;
+  void count_at_post(bool send, uint64_t bytes, int64_t submit_ns);
   PostResult post_one_imm(const FastImm& f, PeerId peer, uint64_t ctx, bool at_post);
   void note_done_at_post(PeerId peer, bool send, uint64_t bytes, int64_t submit_ns);
   void check_fast_deadlines(Clock::time_point now);

@@ -144,11 +144,12 @@ void Worker::note_done_at_post(PeerId peer, bool send, uint64_t bytes, int64_t s
 // as the worker would, where the worker would post it at once too (the loop
 // lock free or held by this very thread answering a completion, nothing
 // queued, the peer resolved already). Everything else takes the command path,
-// which posts it the same way or fails it with the reason.
-bool Worker::try_imm_at_post(const FastImm& f, int64_t submit_ns) {
-  if (!infos_[0].imm_at_post) return false;
+// which posts it the same way or fails it with the reason. A small send that
+// the NIC copies out inside its post goes the same way.
+template <typename Post>
+[[gnu::always_inline]] inline bool Worker::post_here_now(Post&& post) {
   if (answering_inline()) {
-    if (!post_imm_at_post(f, submit_ns)) return false;
+    if (!post()) return false;
     wake_counters().inline_replies.add();
     return true;
   }
@@ -157,7 +158,7 @@ bool Worker::try_imm_at_post(const FastImm& f, int64_t submit_ns) {
   if (!loop.owns_lock() || !direct_ready()) return false;
   {
     AsWorker as_worker(this);
-    if (!post_imm_at_post(f, submit_ns)) return false;
+    if (!post()) return false;
   }
   wake_counters().inline_posts.add();
   // As post_direct, for a worker blocked in poll(2) (posted_all_here).
@@ -165,21 +166,47 @@ bool Worker::try_imm_at_post(const FastImm& f, int64_t submit_ns) {
   return true;
 }
 
+bool Worker::try_imm_at_post(const FastImm& f, int64_t submit_ns) {
+  if (!infos_[0].imm_at_post) return false;
+  return post_here_now([&] { return post_imm_at_post(f, submit_ns); });
+}
+
+bool Worker::try_send_at_post(const NetAddr* to, std::span<const uint8_t> msg, int64_t submit_ns) {
+  const uint64_t max = infos_[0].send_at_post_max;
+  if (max == 0 || msg.size() > max) return false;
+  return post_here_now([&] { return post_send_at_post(to, msg, submit_ns); });
+}
+
+[[gnu::always_inline]] inline bool Worker::at_post_ready(const NetAddr* to) const {
+  return !trace_ && nics_[0].pending.empty() && to == fast_addr_ && fast_epoch_ == stale_epoch_ &&
+         dead_.empty();
+}
+
 bool Worker::post_imm_at_post(const FastImm& f, int64_t submit_ns) {
-  const Nic& nic = nics_[0];
-  if (trace_ || !nic.pending.empty() || f.addr != fast_addr_ || fast_epoch_ != stale_epoch_ ||
-      !dead_.empty())
+  if (!at_post_ready(f.addr) ||
+      nics_[0].domain->post_imm_at_post(fast_peer_, f.imm, f.base, f.rkey).posted != 1)
     return false;
-  if (nic.domain->post_imm_at_post(fast_peer_, f.imm, f.base, f.rkey).posted != 1) return false;
-  if constexpr (kStatsEnabled) {
-    if (submit_ns != 0) {
-      // A sampled request: the clock read after its post, as end_turn would.
-      begin_turn();
-      stats_.queue_delay.record(uint64_t(std::max<int64_t>(0, turn_ns() - submit_ns)));
-    }
-    note_done_at_post(fast_peer_, false, 0, submit_ns);
-  }
+  count_at_post(false, 0, submit_ns);
   return true;
+}
+
+bool Worker::post_send_at_post(const NetAddr* to, std::span<const uint8_t> msg, int64_t submit_ns) {
+  if (!at_post_ready(to) ||
+      nics_[0].domain->post_send_at_post(fast_peer_, msg.data(), msg.size()).posted != 1)
+    return false;
+  count_at_post(true, msg.size(), submit_ns);
+  return true;
+}
+
+[[gnu::always_inline]] inline void Worker::count_at_post(bool send, uint64_t bytes,
+                                                         int64_t submit_ns) {
+  if constexpr (!kStatsEnabled) return;
+  if (submit_ns != 0) {
+    // A sampled request: the clock read after its post, as end_turn would.
+    begin_turn();
+    stats_.queue_delay.record(uint64_t(std::max<int64_t>(0, turn_ns() - submit_ns)));
+  }
+  note_done_at_post(fast_peer_, send, bytes, submit_ns);
 }
 
 bool Worker::on_fast_done(uint64_t ctx, const Status& st, uint32_t count) {

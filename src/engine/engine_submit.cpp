@@ -20,7 +20,13 @@ TransferId TransferEngine::submit_send(const NetAddr& addr, std::span<const uint
                 fmt::format("submit_send: {} bytes exceed the send buffer size {} "
                             "(EngineConfig::send_buffer_size)",
                             msg.size(), im.send_pool.buf_len));
-  const TransferEngine::Impl::SubmitTime t = im.submit_time();
+  const int64_t submit_ns = im.sampled_submit_ns();
+  // A small send the NIC copies out inside its post needs no send buffer, no
+  // deadline and no command where the submitting thread may post it now.
+  core::Worker& w0 = *im.workers[0];
+  if (on_done.empty() && w0.try_send_at_post(im.addrs->intern(addr), msg, submit_ns))
+    return im.next_id();
+  const TransferEngine::Impl::SubmitTime t{im.default_deadline(submit_ns), submit_ns};
   const Clock::time_point dl = t.deadline;
   uint32_t buf = 0;
   // A callback run on a worker (CallbackOn::kWorker) must not wait for a
@@ -31,9 +37,9 @@ TransferId TransferEngine::submit_send(const NetAddr& addr, std::span<const uint
   if (!st.is_ok()) throw Error(st);
   if (!msg.empty()) std::memcpy(im.send_pool.buffer(buf), msg.data(), msg.size());
   try {
-    if (on_done.empty()) return im.submit_fast_send(*im.workers[0], addr, buf, msg.size(), t);
-    return im.submit(*im.workers[0], std::move(on_done),
-                     core::SendReq{im.addrs->intern(addr), buf, msg.size()}, t);
+    if (on_done.empty()) return im.submit_fast_send(w0, addr, buf, msg.size(), t);
+    return im.submit(w0, std::move(on_done), core::SendReq{im.addrs->intern(addr), buf, msg.size()},
+                     t);
   } catch (...) {
     im.send_free.release(buf);
     throw;

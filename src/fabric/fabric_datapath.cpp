@@ -180,8 +180,10 @@ void FabricDomain::note_shm_post(ShmPeer* sp, ssize_t ret) {
 // An injected write has no local completion and so no operation context: it
 // is done when the call returns, and shm reports no error for it later (a
 // dead peer is caught by the liveness check before the post).
-bool FabricDomain::inject_imm(uint32_t imm, fi_addr_t peer, uint64_t remote_addr, uint64_t rkey,
-                              ShmPeer* sp, Clock::time_point now, Status* error) {
+[[gnu::always_inline]] inline bool FabricDomain::inject_imm(uint32_t imm, fi_addr_t peer,
+                                                            uint64_t remote_addr, uint64_t rkey,
+                                                            ShmPeer* sp, Clock::time_point now,
+                                                            Status* error) {
   const bool watched = begin_watched_post(sp, now);
   const ssize_t ret = fi_inject_writedata(ep_, nullptr, 0, imm, peer, remote_addr, rkey);
   end_watched_post(watched);
@@ -191,34 +193,27 @@ bool FabricDomain::inject_imm(uint32_t imm, fi_addr_t peer, uint64_t remote_addr
   return false;
 }
 
+// The way an answer goes out, flat: a live shm peer whose liveness was asked
+// within its period and whose region lock is free needs none of
+// peer_postable's steps. Null: take them.
+[[gnu::always_inline]] inline ShmPeer* FabricDomain::shm_ready_now(fi_addr_t peer,
+                                                                   Clock::time_point* now) {
+  ShmPeer* p = shm_peer(peer);
+  if (p == nullptr || p->dead || dead_socket_peers_ != 0) return nullptr;
+  *now = core::coarse_now();
+  if (p->watch != nullptr && *now - p->last_check >= kLivenessPeriod) return nullptr;
+  if (p->lock != nullptr && __atomic_load_n(p->lock, __ATOMIC_RELAXED) != spin_unlocked_)
+    return nullptr;
+  return p;
+}
+
 core::PostResult FabricDomain::post_imm_at_post(core::PeerId peer, uint32_t imm,
                                                 uint64_t remote_addr, uint64_t rkey) {
   core::PostResult result;
-  // The way an answer goes out, flat: a live shm peer whose liveness was
-  // asked within its period and whose region lock is free needs none of the
-  // steps below but the watched post itself. Anything else takes them.
-  ShmPeer* fast = shm_peer(peer);
-  if (fast != nullptr && !fast->dead && dead_socket_peers_ == 0) {
-    const auto now = core::coarse_now();
-    if ((fast->watch == nullptr || now - fast->last_check < kLivenessPeriod) &&
-        (fast->lock == nullptr ||
-         __atomic_load_n(fast->lock, __ATOMIC_RELAXED) == spin_unlocked_)) {
-      const bool watched = begin_watched_post(fast, now);
-      const ssize_t ret = fi_inject_writedata(ep_, nullptr, 0, imm, peer, remote_addr, rkey);
-      end_watched_post(watched);
-      if (ret == 0) {
-        fast->eagain_streak = 0;
-        result.posted = 1;
-        return result;
-      }
-      note_shm_post(fast, ret);
-      if (ret != -FI_EAGAIN) result.error = post_error("fi_inject_writedata", ret);
-      return result;
-    }
-  }
-  ShmPeer* sp = nullptr;
   Clock::time_point now{};
-  if (peer_postable(peer, 0, "fi_inject_writedata to", &result.error, &sp, &now) &&
+  ShmPeer* sp = shm_ready_now(peer, &now);
+  if ((sp != nullptr ||
+       peer_postable(peer, 0, "fi_inject_writedata to", &result.error, &sp, &now)) &&
       inject_imm(imm, peer, remote_addr, rkey, sp, now, &result.error))
     result.posted = 1;
   return result;
@@ -310,9 +305,10 @@ core::PostResult FabricDomain::post_send(core::PeerId peer, const void* buf, siz
 
 core::PostResult FabricDomain::post_send_at_post(core::PeerId peer, const void* buf, size_t len) {
   core::PostResult result;
-  ShmPeer* sp = nullptr;
   Clock::time_point now{};
-  if (!peer_postable(peer, len, "fi_inject to", &result.error, &sp, &now)) return result;
+  ShmPeer* sp = len < kLargeWrite ? shm_ready_now(peer, &now) : nullptr;
+  if (sp == nullptr && !peer_postable(peer, len, "fi_inject to", &result.error, &sp, &now))
+    return result;
   const bool watched = begin_watched_post(sp, now);
   const ssize_t ret = fi_inject(ep_, buf, len, peer);
   end_watched_post(watched);

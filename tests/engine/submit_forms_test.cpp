@@ -309,6 +309,74 @@ TEST_P(SubmitForms, SendFromInlineReceiveRefusesWhenNoBufferIsFree) {
   EXPECT_EQ(code.load(), uint64_t(Code::kResourceExhausted) + 1);
 }
 
+// Small sends that the NIC copies out inside the post (shm) go out from the
+// submitting thread where it may post for the worker, with no send buffer;
+// the others through the ring. Several threads at once, while a waiter
+// keeps the worker stepped aside: every message arrives once with its bytes,
+// and every send ends as one transfer that completed.
+TEST_P(SubmitForms, SmallSendsFromManyThreadsArriveOnceEach) {
+  for (const PollMode mode : {PollMode::kAdaptive, PollMode::kBusy}) {
+    SCOPED_TRACE(mode == PollMode::kBusy ? "busy" : "adaptive");
+    EngineConfig c = test::config_for(GetParam());
+    c.poll_mode = mode;
+    c.send_buffer_count = 4;
+    TransferEngine a(c), b(test::config_for(GetParam()));
+    constexpr uint32_t kThreads = 3, kEach = 1000, kLen = 48;
+    RecvQueue queue = b.recv_queue(64, 64);
+    auto never = a.imm_counter(22);
+    std::atomic<bool> stop_spin{false};
+    std::thread spinner([&] {
+      while (!stop_spin.load(std::memory_order_relaxed)) EXPECT_FALSE(never.try_consume(1));
+    });
+    const NetAddr to = b.main_address();
+    std::vector<std::thread> senders;
+    for (uint32_t t = 0; t < kThreads; ++t)
+      senders.emplace_back([&, t] {
+        for (uint32_t i = 0; i < kEach; ++i) {
+          uint8_t msg[kLen];
+          std::memcpy(msg, &t, 4);
+          std::memcpy(msg + 4, &i, 4);
+          for (uint32_t k = 8; k < kLen; ++k) msg[k] = uint8_t(t * 7 + i + k);
+          a.submit_send(to, msg, OnDone::none());
+        }
+      });
+    std::vector<uint32_t> seen(kThreads * kEach, 0);
+    uint64_t got = 0, bad = 0;
+    for (const auto give_up = std::chrono::steady_clock::now() + 30s;
+         got < kThreads * kEach && std::chrono::steady_clock::now() < give_up;) {
+      RecvMessage m;
+      if (!queue.pop(m, 100ms).is_ok()) continue;
+      ++got;
+      uint32_t t = 0, i = 0;
+      if (m.size() != kLen) {
+        ++bad;
+        continue;
+      }
+      std::memcpy(&t, m.data().data(), 4);
+      std::memcpy(&i, m.data().data() + 4, 4);
+      if (t >= kThreads || i >= kEach) {
+        ++bad;
+        continue;
+      }
+      for (uint32_t k = 8; k < kLen; ++k)
+        if (m.data()[k] != uint8_t(t * 7 + i + k)) ++bad;
+      seen[t * kEach + i]++;
+    }
+    for (auto& s : senders) s.join();
+    stop_spin = true;
+    spinner.join();
+    constexpr uint64_t kTotal = uint64_t(kThreads) * kEach;
+    ASSERT_EQ(got, kTotal);
+    EXPECT_EQ(bad, 0u);
+    for (uint64_t k = 0; k < kTotal; ++k) ASSERT_EQ(seen[k], 1u) << "message " << k;
+    EXPECT_TRUE(test::wait_until([&] { return a.stats().transfers_ok() == kTotal; }, 20s))
+        << a.stats().transfers_ok();
+    const EngineStats s = a.stats();
+    EXPECT_EQ(s.transfers_failed(), 0u);
+    EXPECT_EQ(s.bytes_posted(), kTotal * kLen);
+  }
+}
+
 // Empty one-line sends arrive as empty messages, each once, and end as sends
 // that completed; a NIC that posts no send without a completion (tcp) keeps
 // them on its completion path.
