@@ -84,11 +84,33 @@ class OpPool {
   OpPool& operator=(const OpPool&) = delete;
 
   // nullptr when exhausted (back-pressure, not failure).
-  OpEntry* acquire(OpKind kind, uint64_t user_ctx) noexcept;
-  void release(OpEntry* entry) noexcept;
+  // Inline, with from_context and release: one of each per operation.
+  OpEntry* acquire(OpKind kind, uint64_t user_ctx) noexcept {
+    if (free_count_ == 0) return nullptr;
+    OpEntry* e = &entries_[free_[--free_count_]];
+    e->user_ctx = user_ctx;
+    e->kind = kind;
+    e->buf = nullptr;
+    e->desc = nullptr;
+    e->len = 0;
+    e->peer = FI_ADDR_NOTAVAIL;
+    e->seen_scan = 0;
+    return e;
+  }
+  void release(OpEntry* entry) noexcept {
+    if (entry == nullptr || entry->kind == OpKind::kFree) return;
+    entry->kind = OpKind::kFree;
+    free_[free_count_++] = static_cast<uint32_t>(entry - entries_.get());
+  }
   // Maps an op_context from a completion back to its entry; nullptr when the
   // pointer is not one of ours (e.g. remote-write completions carry none).
-  OpEntry* from_context(void* op_context) noexcept;
+  OpEntry* from_context(void* op_context) noexcept {
+    const auto p = reinterpret_cast<uintptr_t>(op_context);
+    const auto begin = reinterpret_cast<uintptr_t>(entries_.get());
+    const uintptr_t end = begin + capacity_ * sizeof(OpEntry);
+    if (p < begin || p >= end || (p - begin) % sizeof(OpEntry) != 0) return nullptr;
+    return static_cast<OpEntry*>(op_context);
+  }
   size_t capacity() const noexcept { return capacity_; }
   size_t in_use() const noexcept { return capacity_ - free_count_; }
   // Entry i (0 <= i < capacity), free or not: for scans off the data path.
