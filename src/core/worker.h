@@ -33,6 +33,7 @@
 #include "core/transfer.h"
 #include "core/turn_hook.h"
 #include "core/wake.h"
+#include "core/worker_thread.h"
 #include "ferry/engine.h"
 #include "ferry/recv_queue.h"
 
@@ -241,7 +242,13 @@ class Worker final : public OpHost {
   // holding it, whether nothing stands before the command (stopping, queued
   // commands); post_direct starts direct_ as the worker would and wakes the
   // worker if what it started needs it.
-  bool may_post_direct() const;
+  bool may_post_direct() const {
+    if (worker_thread::t_worker) return false;
+    // A busy worker holds its lock unless it stepped aside; an adaptive one
+    // releases it whenever it yields or sleeps.
+    if (busy_mode_) return step_aside_ && napping_.load(std::memory_order_acquire);
+    return inline_posts_;
+  }
   bool direct_ready() { return !stop_.load(std::memory_order_acquire) && !has_commands(); }
   void post_direct();
   // submit_with from a callback that poll_completions runs on the thread
@@ -249,7 +256,11 @@ class Worker final : public OpHost {
   // reply_ at once if it is a one-line immediate or send the NIC takes, and
   // queues it otherwise (the slot path may run an OnDone whose own
   // submission would reuse reply_).
-  bool answering_inline();
+  bool answering_inline() {
+    // t_doing_work_of first: only the thread holding the loop lock may read
+    // in_completions_.
+    return worker_thread::t_doing_work_of == this && in_completions_ && !has_commands();
+  }
   void post_reply();
   // After a post under the loop lock: whether it left nothing the worker must
   // do now; then the wake-up of a sleeping worker unless it did.

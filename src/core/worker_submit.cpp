@@ -145,14 +145,6 @@ bool Worker::nothing_for_worker() {
          !posts_queued();
 }
 
-bool Worker::may_post_direct() const {
-  if (worker_thread::t_worker) return false;
-  // A busy worker holds its lock unless it stepped aside; an adaptive one
-  // releases it whenever it yields or sleeps.
-  if (busy_mode_) return step_aside_ && napping_.load(std::memory_order_acquire);
-  return inline_posts_;
-}
-
 void Worker::post_direct() {
   // Under loop_mu_, with nothing queued: direct_ is the only command, so no
   // submitter's own order is passed. As post_inline, but without the ring.
@@ -167,12 +159,6 @@ void Worker::post_direct() {
   wake_counters().inline_posts.add();
   if (busy_mode_) return;  // the helpers poll what is left (after_enqueue)
   wake_unless_posted_all(posted_all_here());
-}
-
-bool Worker::answering_inline() {
-  // t_doing_work_of first: only the thread holding the loop lock may read
-  // in_completions_.
-  return t_doing_work_of == this && in_completions_ && !has_commands();
 }
 
 void Worker::post_reply() {
