@@ -348,7 +348,7 @@ class Worker final : public OpHost {
   // resolved peer such a post may go to now.
   bool at_post_ready(const NetAddr* to) const;
   void count_at_post(bool send, uint64_t bytes, int64_t submit_ns);
-  PostResult post_one_imm(const FastImm& f, PeerId peer, uint64_t ctx, bool at_post);
+  PostResult post_one_imm(const FastImm& f, PeerId peer, uint64_t ctx);
   void note_done_at_post(PeerId peer, bool send, uint64_t bytes, int64_t submit_ns);
   void check_fast_deadlines(Clock::time_point now);
   void cancel_fast_posts();

@@ -61,8 +61,10 @@ bool Worker::post_fast(const Command& cmd) {
     bytes = f.len;
     buffer = f.buffer;
   } else {
+    const FastImm& f = cmd.fast.imm;
     const bool at_post = infos_[0].imm_at_post;
-    r = post_one_imm(cmd.fast.imm, peer, ctx, at_post);
+    r = at_post ? nic.domain->post_imm_at_post(peer, f.imm, f.base, f.rkey)
+                : post_one_imm(f, peer, ctx);
     if (at_post && r.posted == 1) {
       finish_at_post(cmd, peer, false, 0);
       return true;
@@ -93,10 +95,8 @@ bool Worker::post_fast(const Command& cmd) {
   return true;
 }
 
-// The one zero-byte write of an immediate, on NIC 0; `at_post` asks the NIC to
-// complete it inside the post (DomainInfo::imm_at_post), with no completion.
-PostResult Worker::post_one_imm(const FastImm& f, PeerId peer, uint64_t ctx, bool at_post) {
-  if (at_post) return nics_[0].domain->post_imm_at_post(peer, f.imm, f.base, f.rkey);
+// The one zero-byte write of an immediate, on NIC 0, with a completion.
+PostResult Worker::post_one_imm(const FastImm& f, PeerId peer, uint64_t ctx) {
   const Registration& src = **send_reg;
   WriteDesc& w = post_batch_[0];
   w.ctx = ctx;

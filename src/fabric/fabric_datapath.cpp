@@ -118,13 +118,19 @@ void FabricDomain::check_shm_peer(ShmPeer& p, Clock::time_point now, Clock::dura
       res_->nic_name, p.name, p.pid);
 }
 
-bool FabricDomain::shm_peer_postable(ShmPeer& p, uint64_t len, const char* call, Status* error,
-                                     Clock::time_point* when) {
+[[gnu::always_inline]] inline bool FabricDomain::shm_peer_postable(ShmPeer& p, uint64_t len,
+                                                                   const char* call, Status* error,
+                                                                   Clock::time_point* when) {
   // Coarse: it times the liveness period and, for the rescuer, how long this
   // post has been under way (both in milliseconds); the lock wait below
   // reads the precise clock.
   auto now = core::coarse_now();
   *when = now;
+  // What the steps below find for nearly every post, in one look: alive, its
+  // liveness asked within its period, its region lock free.
+  if (!p.dead && len < kLargeWrite && (!p.watch || now - p.last_check < kLivenessPeriod) &&
+      (p.lock == nullptr || __atomic_load_n(p.lock, __ATOMIC_RELAXED) == spin_unlocked_))
+    return true;
   if (!p.dead) {
     check_shm_peer(p, now, len >= kLargeWrite ? Clock::duration::zero() : kLivenessPeriod);
     if (!p.dead && p.lock != nullptr) {
@@ -149,8 +155,10 @@ bool FabricDomain::shm_peer_postable(ShmPeer& p, uint64_t len, const char* call,
   return true;
 }
 
-bool FabricDomain::peer_postable(fi_addr_t peer, uint64_t len, const char* call, Status* error,
-                                 ShmPeer** sp, Clock::time_point* when) {
+[[gnu::always_inline]] inline bool FabricDomain::peer_postable(fi_addr_t peer, uint64_t len,
+                                                               const char* call, Status* error,
+                                                               ShmPeer** sp,
+                                                               Clock::time_point* when) {
   *sp = shm_peer(peer);
   if (*sp != nullptr && !shm_peer_postable(**sp, len, call, error, when)) return false;
   return dead_socket_peers_ == 0 || !peer_dead(peer, call, error);
@@ -193,27 +201,12 @@ void FabricDomain::note_shm_post(ShmPeer* sp, ssize_t ret) {
   return false;
 }
 
-// The way an answer goes out, flat: a live shm peer whose liveness was asked
-// within its period and whose region lock is free needs none of
-// peer_postable's steps. Null: take them.
-[[gnu::always_inline]] inline ShmPeer* FabricDomain::shm_ready_now(fi_addr_t peer,
-                                                                   Clock::time_point* now) {
-  ShmPeer* p = shm_peer(peer);
-  if (p == nullptr || p->dead || dead_socket_peers_ != 0) return nullptr;
-  *now = core::coarse_now();
-  if (p->watch != nullptr && *now - p->last_check >= kLivenessPeriod) return nullptr;
-  if (p->lock != nullptr && __atomic_load_n(p->lock, __ATOMIC_RELAXED) != spin_unlocked_)
-    return nullptr;
-  return p;
-}
-
 core::PostResult FabricDomain::post_imm_at_post(core::PeerId peer, uint32_t imm,
                                                 uint64_t remote_addr, uint64_t rkey) {
   core::PostResult result;
+  ShmPeer* sp = nullptr;
   Clock::time_point now{};
-  ShmPeer* sp = shm_ready_now(peer, &now);
-  if ((sp != nullptr ||
-       peer_postable(peer, 0, "fi_inject_writedata to", &result.error, &sp, &now)) &&
+  if (peer_postable(peer, 0, "fi_inject_writedata to", &result.error, &sp, &now) &&
       inject_imm(imm, peer, remote_addr, rkey, sp, now, &result.error))
     result.posted = 1;
   return result;
@@ -305,10 +298,9 @@ core::PostResult FabricDomain::post_send(core::PeerId peer, const void* buf, siz
 
 core::PostResult FabricDomain::post_send_at_post(core::PeerId peer, const void* buf, size_t len) {
   core::PostResult result;
+  ShmPeer* sp = nullptr;
   Clock::time_point now{};
-  ShmPeer* sp = len < kLargeWrite ? shm_ready_now(peer, &now) : nullptr;
-  if (sp == nullptr && !peer_postable(peer, len, "fi_inject to", &result.error, &sp, &now))
-    return result;
+  if (!peer_postable(peer, len, "fi_inject to", &result.error, &sp, &now)) return result;
   const bool watched = begin_watched_post(sp, now);
   const ssize_t ret = fi_inject(ep_, buf, len, peer);
   end_watched_post(watched);
@@ -384,12 +376,6 @@ size_t FabricDomain::retry_reposts(std::span<core::Completion> out) {
 }
 
 bool FabricDomain::map_completion(const fi_cq_data_entry& e, core::Completion* out) {
-  // A peer's write that took none of our receives (no context): the most
-  // common entry of all where immediates are the traffic.
-  if (e.op_context == nullptr && (e.flags & FI_REMOTE_WRITE) != 0) {
-    fill(out, core::Completion::Kind::kRemoteImm, 0, 0, static_cast<uint32_t>(e.data));
-    return true;
-  }
   OpEntry* op = pool_->from_context(e.op_context);
   if (is_remote_write(e.flags, op)) {
     fill(out, core::Completion::Kind::kRemoteImm, 0, 0, static_cast<uint32_t>(e.data));

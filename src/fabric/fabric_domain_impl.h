@@ -308,10 +308,6 @@ class FabricDomain final : public core::Domain {
   // After a post to sp returned `ret`: a post that blocks again and again may
   // be waiting for a dead peer, so it is looked at.
   void note_shm_post(ShmPeer* sp, ssize_t ret);
-  // The shm record of `peer` when a post to it may go to the provider at
-  // once (alive, looked at within its period, region lock free); *now the
-  // coarse time it decided at. Null: ask peer_postable.
-  ShmPeer* shm_ready_now(fi_addr_t peer, Clock::time_point* now);
   // A zero-byte write with an immediate, with no local completion (imm_at_post).
   bool inject_imm(uint32_t imm, fi_addr_t peer, uint64_t remote_addr, uint64_t rkey, ShmPeer* sp,
                   Clock::time_point now, Status* error);
